@@ -1,0 +1,68 @@
+// gqattn's entry points: forward, backward, explain and build/device info.
+//
+// forward  : o = softmax(mask(softcap(scale * q k^T))) v, and lse (natural log)
+// backward : dq, dk, dv from q, k, v, o, lse and do (the gradient of o)
+// Both validate every argument first (throwing gqattn::Error, writing
+// nothing), then run on the backend named by options.backend.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gqattn/error.hpp"
+#include "gqattn/types.hpp"
+
+namespace gqattn {
+
+// lse may have data == nullptr in forward: then it is not written.
+void forward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+             const TensorRef& o, const TensorRef& lse, const Options& options = {});
+
+// lse and o are those forward produced. dq, dk, dv are overwritten (not
+// accumulated into). GQA: dk/dv sum the contributions of every query head of
+// their group.
+void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+              const TensorRef& o, const TensorRef& lse, const TensorRef& dout, const TensorRef& dq,
+              const TensorRef& dk, const TensorRef& dv, const Options& options = {});
+
+// Whether `backend` can run `problem` with tensors of `dtype` on `device`.
+// For Backend::Auto, `chosen` names the backend Auto would pick.
+struct Explanation {
+  bool supported = false;
+  Backend chosen = Backend::Auto;
+  std::string reason;  // empty when supported; otherwise why not (per backend for Auto)
+};
+Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend);
+
+const char* backend_name(Backend backend);  // "cpu", "cuda-unfused", ...
+// Parses a backend name as backend_name prints it, or "auto"; throws Error otherwise.
+Backend parse_backend(const std::string& name);
+std::vector<Backend> all_backends();  // every concrete backend, compiled in or not
+
+struct BackendStatus {
+  Backend backend;
+  bool compiled = false;   // built into this library
+  bool available = false;  // usable on this machine now
+  std::string reason;      // why not, when not available
+};
+std::vector<BackendStatus> backend_status();
+
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  int cc_major = 0;
+  int cc_minor = 0;
+  int multiprocessors = 0;
+  std::size_t memory_bytes = 0;
+};
+struct BuildInfo {
+  std::string version;
+  bool cuda_compiled = false;
+  std::string cuda_architectures;  // as configured, e.g. "80;90a"
+  std::string cuda_runtime;        // runtime version compiled against, or ""
+};
+BuildInfo build_info();
+// CUDA devices visible now; `why_none` says why the list is empty.
+std::vector<CudaDeviceInfo> cuda_devices(std::string* why_none = nullptr);
+
+}  // namespace gqattn

@@ -1,0 +1,57 @@
+// Correctness checks against the f64 oracle: what `gqattn check` prints and
+// what every correctness test asserts.
+//
+// run() draws fresh random inputs (normal with a non-zero mean, a few rows of
+// large magnitude), rounds them to the I/O dtype, runs forward and backward on
+// the backend with NaN-poisoned outputs, and compares o, lse, dq, dk, dv with
+// the oracle run on the same rounded inputs.
+//
+// Error of a tensor = max |x - ref| / max |ref| (lse: over kept rows, with
+// -inf required exactly where the oracle has -inf). Tolerances (DESIGN §4):
+//   f32:       1e-5
+//   bf16/f16:  2 x (error of the f32 CPU mirror on the same rounded inputs)
+//              + one rounding of an output element (2^-8 bf16, 2^-11 f16)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gqattn/types.hpp"
+
+namespace gqattn::check {
+
+struct Config {
+  Problem problem;
+  DType dtype = DType::bf16;
+  Backend backend = Backend::Cpu;
+  uint64_t seed = 1;
+  bool backward = true;
+  bool determinism = true;      // run twice more and compare every output bit
+  bool padded_strides = false;  // give every tensor non-packed strides
+  // Rows of q with large magnitude (x8): exercise the softmax's max tracking.
+  bool large_rows = true;
+};
+
+struct Metric {
+  std::string name;    // "o", "lse", "dq", "dk", "dv"
+  double error = 0.0;  // max |x - ref| / max |ref|
+  double tolerance = 0.0;
+  bool pass = false;
+  std::string note;  // e.g. "NaN at index 17", "unwritten (still poison)"
+};
+
+struct Report {
+  Backend backend = Backend::Cpu;
+  bool ran = false;     // false: the backend refused; see `skipped`
+  std::string skipped;  // why it did not run
+  std::vector<Metric> metrics;
+  bool deterministic = true;  // when checked: bitwise equal across runs
+  bool pass = false;          // ran, every metric passed, deterministic
+  double forward_ms = 0.0;    // wall time of one call, synchronised
+  double backward_ms = 0.0;
+};
+
+Report run(const Config& config);
+
+}  // namespace gqattn::check

@@ -1,0 +1,61 @@
+// gqattn public types: the problem description, tensor references and options.
+//
+// Everything a caller passes to forward()/backward() is described here. The
+// semantics every backend meets are in docs/semantics.md (and DESIGN §1).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace gqattn {
+
+enum class DType { f32, bf16, f16 };
+enum class Device { cpu, cuda };
+
+// Backends. Auto picks the fastest compiled-in backend that supports the
+// problem; an explicit backend that cannot run a problem fails with the reason.
+enum class Backend { Auto, Cpu, CudaUnfused, CudaFlash, CudaHopper };
+
+// A view of caller-owned memory. Strides are in elements; the last dimension
+// must be contiguous (stride 1), the others are free.
+//   q, o, do, dq : rank 4, [B, Tq, H, d]
+//   k, v, dk, dv : rank 4, [B, Tk, Hkv, d]
+//   lse          : rank 3, [B, H, Tq], always f32
+struct TensorRef {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  int rank = 0;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};
+};
+
+// A tensor with default (row-major, packed) strides. For q this is the seed's
+// packed layout [B, T, H*d].
+TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2);
+TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2,
+                     int64_t d3);
+
+struct Problem {
+  int64_t B = 1;
+  int64_t Tq = 1;
+  int64_t Tk = 1;
+  int64_t H = 1;
+  int64_t Hkv = 1;
+  int64_t d = 64;
+  bool causal = false;
+  int64_t window = 0;          // keys kept per query, self included; 0 = no window
+  float softcap = 0.0f;        // s = softcap * tanh(s / softcap) when > 0; 0 = off
+  std::optional<float> scale;  // default 1/sqrt(d)
+
+  float effective_scale() const;
+};
+
+struct Options {
+  Backend backend = Backend::Auto;
+  void* stream = nullptr;     // cudaStream_t for CUDA backends; ignored on the CPU
+  bool deterministic = true;  // same bits on every run
+};
+
+}  // namespace gqattn

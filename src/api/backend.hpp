@@ -1,0 +1,51 @@
+// The interface every backend implements, and the registry dispatch reads.
+//
+// Dispatch (src/api/dispatch.cpp) validates the arguments once, resolves the
+// scale, then asks each backend `why_not`; a backend runs only problems for
+// which it answered "". Backends never re-validate what validate.cpp checks.
+#pragma once
+
+#include <string>
+
+#include "gqattn/types.hpp"
+
+namespace gqattn::detail {
+
+// Arguments after validation: shapes agree with the problem, pointers are
+// non-null and aligned to their element, and problem.scale holds a value.
+struct ForwardArgs {
+  Problem problem;
+  TensorRef q, k, v, o, lse;  // lse.data may be null (not written)
+  Options options;
+};
+
+struct BackwardArgs {
+  Problem problem;
+  TensorRef q, k, v, o, lse, dout, dq, dk, dv;
+  Options options;
+};
+
+class BackendImpl {
+ public:
+  virtual ~BackendImpl() = default;
+  virtual Backend id() const = 0;
+  // "" when this backend can run the problem, else one line saying why not.
+  virtual std::string why_not(const Problem& problem, DType dtype, Device device) const = 0;
+  // Checks that need the actual tensors (pointer residency, alignment beyond
+  // the element's). "" when fine.
+  virtual std::string why_not_tensors(const ForwardArgs&) const { return ""; }
+  virtual void forward(const ForwardArgs& args) const = 0;
+  virtual void backward(const BackwardArgs& args) const = 0;
+};
+
+// Each returns the backend's singleton, or nullptr when it is not compiled in
+// (then `reason` says why). Defined in the backend's own folder, or in
+// registry.cpp when the backend is not built.
+const BackendImpl* cpu_backend();
+const BackendImpl* cuda_unfused_backend(std::string* reason);
+const BackendImpl* cuda_flash_backend(std::string* reason);
+const BackendImpl* cuda_hopper_backend(std::string* reason);
+
+const BackendImpl* find_backend(Backend backend, std::string* reason);
+
+}  // namespace gqattn::detail

@@ -1,0 +1,174 @@
+// The public entry points: validate everything, pick a backend, run it.
+// An explicit backend that cannot run the problem throws its reason; Auto
+// tries the backends fastest first and never falls back silently past an
+// explicit choice.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "api/backend.hpp"
+#include "api/validate.hpp"
+#include "gqattn/attention.hpp"
+#include "gqattn/error.hpp"
+
+namespace gqattn {
+namespace detail {
+namespace {
+
+// Fastest first.
+constexpr Backend kAutoOrder[] = {Backend::CudaHopper, Backend::CudaFlash, Backend::CudaUnfused,
+                                  Backend::Cpu};
+
+struct Choice {
+  const BackendImpl* impl = nullptr;
+  std::string reason;  // why nothing was chosen
+};
+
+Choice choose(const Problem& problem, DType dtype, Device device, Backend requested) {
+  Choice choice;
+  if (requested != Backend::Auto) {
+    std::string reason;
+    const BackendImpl* impl = find_backend(requested, &reason);
+    if (impl != nullptr) reason = impl->why_not(problem, dtype, device);
+    if (reason.empty()) {
+      choice.impl = impl;
+    } else {
+      choice.reason = std::string(backend_name(requested)) + ": " + reason;
+    }
+    return choice;
+  }
+  for (Backend candidate : kAutoOrder) {
+    std::string reason;
+    const BackendImpl* impl = find_backend(candidate, &reason);
+    if (impl != nullptr) reason = impl->why_not(problem, dtype, device);
+    if (reason.empty()) {
+      choice.impl = impl;
+      choice.reason.clear();
+      return choice;
+    }
+    choice.reason +=
+        (choice.reason.empty() ? "" : "; ") + std::string(backend_name(candidate)) + ": " + reason;
+  }
+  return choice;
+}
+
+const BackendImpl* choose_or_throw(const Problem& problem, DType dtype, Device device,
+                                   Backend requested) {
+  Choice choice = choose(problem, dtype, device, requested);
+  if (choice.impl == nullptr) throw Error("backend", choice.reason);
+  return choice.impl;
+}
+
+Problem resolved(const Problem& problem) {
+  Problem p = problem;
+  p.scale = problem.effective_scale();
+  return p;
+}
+
+}  // namespace
+}  // namespace detail
+
+void forward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+             const TensorRef& o, const TensorRef& lse, const Options& options) {
+  using namespace detail;
+  validate_problem(problem);
+  validate_tensor(problem, Role::q, q, q.dtype, q.device);
+  validate_tensor(problem, Role::k, k, q.dtype, q.device);
+  validate_tensor(problem, Role::v, v, q.dtype, q.device);
+  validate_tensor(problem, Role::o, o, q.dtype, q.device);
+  validate_tensor(problem, Role::lse, lse, q.dtype, q.device, /*required=*/false);
+  const BackendImpl* impl = choose_or_throw(problem, q.dtype, q.device, options.backend);
+  ForwardArgs args{resolved(problem), q, k, v, o, lse, options};
+  const std::string reason = impl->why_not_tensors(args);
+  if (!reason.empty())
+    throw Error("backend", std::string(backend_name(impl->id())) + ": " + reason);
+  impl->forward(args);
+}
+
+void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+              const TensorRef& o, const TensorRef& lse, const TensorRef& dout, const TensorRef& dq,
+              const TensorRef& dk, const TensorRef& dv, const Options& options) {
+  using namespace detail;
+  validate_problem(problem);
+  validate_tensor(problem, Role::q, q, q.dtype, q.device);
+  validate_tensor(problem, Role::k, k, q.dtype, q.device);
+  validate_tensor(problem, Role::v, v, q.dtype, q.device);
+  validate_tensor(problem, Role::o, o, q.dtype, q.device);
+  validate_tensor(problem, Role::lse, lse, q.dtype, q.device);
+  validate_tensor(problem, Role::dout, dout, q.dtype, q.device);
+  validate_tensor(problem, Role::dq, dq, q.dtype, q.device);
+  validate_tensor(problem, Role::dk, dk, q.dtype, q.device);
+  validate_tensor(problem, Role::dv, dv, q.dtype, q.device);
+  const BackendImpl* impl = choose_or_throw(problem, q.dtype, q.device, options.backend);
+  BackwardArgs args{resolved(problem), q, k, v, o, lse, dout, dq, dk, dv, options};
+  ForwardArgs as_forward{args.problem, q, k, v, o, lse, options};
+  const std::string reason = impl->why_not_tensors(as_forward);
+  if (!reason.empty())
+    throw Error("backend", std::string(backend_name(impl->id())) + ": " + reason);
+  impl->backward(args);
+}
+
+Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend) {
+  Explanation out;
+  try {
+    detail::validate_problem(problem);
+  } catch (const Error& e) {
+    out.reason = e.what();
+    return out;
+  }
+  detail::Choice choice = detail::choose(problem, dtype, device, backend);
+  out.supported = choice.impl != nullptr;
+  out.chosen = choice.impl ? choice.impl->id() : backend;
+  out.reason = choice.reason;
+  return out;
+}
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::Auto: return "auto";
+    case Backend::Cpu: return "cpu";
+    case Backend::CudaUnfused: return "cuda-unfused";
+    case Backend::CudaFlash: return "cuda-flash";
+    case Backend::CudaHopper: return "cuda-hopper";
+  }
+  return "?";
+}
+
+std::vector<Backend> all_backends() {
+  return {Backend::Cpu, Backend::CudaUnfused, Backend::CudaFlash, Backend::CudaHopper};
+}
+
+Backend parse_backend(const std::string& name) {
+  if (name == "auto") return Backend::Auto;
+  for (Backend b : all_backends())
+    if (name == backend_name(b)) return b;
+  throw Error("backend = '" + name + "'",
+              "must be one of auto, cpu, cuda-unfused, cuda-flash, cuda-hopper");
+}
+
+std::vector<BackendStatus> backend_status() {
+  std::vector<BackendStatus> out;
+  for (Backend b : all_backends()) {
+    BackendStatus s;
+    s.backend = b;
+    std::string reason;
+    const detail::BackendImpl* impl = detail::find_backend(b, &reason);
+    s.compiled = impl != nullptr;
+    if (impl != nullptr) {
+      // Available = runs a small, plain problem on its own device.
+      Problem probe;
+      probe.B = 1;
+      probe.Tq = probe.Tk = 128;
+      probe.H = probe.Hkv = 1;
+      probe.d = 64;
+      const Device device = b == Backend::Cpu ? Device::cpu : Device::cuda;
+      reason = impl->why_not(probe, DType::bf16, device);
+    }
+    s.available = s.compiled && reason.empty();
+    s.reason = reason;
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace gqattn

@@ -1,0 +1,134 @@
+// Small helpers of the public types (types.hpp, dtype.hpp).
+#include <cmath>
+#include <cstring>
+
+#include "gqattn/dtype.hpp"
+#include "gqattn/types.hpp"
+
+namespace gqattn {
+
+float Problem::effective_scale() const {
+  return scale ? *scale : 1.0f / std::sqrt(static_cast<float>(d));
+}
+
+TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2) {
+  TensorRef t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = 3;
+  t.shape[0] = d0;
+  t.shape[1] = d1;
+  t.shape[2] = d2;
+  t.stride[2] = 1;
+  t.stride[1] = d2;
+  t.stride[0] = d1 * d2;
+  return t;
+}
+
+TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2,
+                     int64_t d3) {
+  TensorRef t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = 4;
+  t.shape[0] = d0;
+  t.shape[1] = d1;
+  t.shape[2] = d2;
+  t.shape[3] = d3;
+  t.stride[3] = 1;
+  t.stride[2] = d3;
+  t.stride[1] = d2 * d3;
+  t.stride[0] = d1 * d2 * d3;
+  return t;
+}
+
+std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+  }
+  return "?";
+}
+
+float bf16_to_float(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t float_to_bf16(float value) {
+  uint32_t u;
+  std::memcpy(&u, &value, 4);
+  if (std::isnan(value)) return uint16_t((u >> 16) | 0x40);  // stay a (quiet) NaN
+  const uint32_t round = 0x7fff + ((u >> 16) & 1);           // to nearest, ties to even
+  return uint16_t((u + round) >> 16);
+}
+
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f;
+  const uint32_t mantissa = h & 0x3ff;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(float(mantissa), -24);  // zero or subnormal
+  } else if (exponent == 31) {
+    magnitude = mantissa ? NAN : INFINITY;
+  } else {
+    magnitude = std::ldexp(float(mantissa | 0x400), int(exponent) - 25);
+  }
+  uint32_t u;
+  std::memcpy(&u, &magnitude, 4);
+  u |= sign;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t float_to_f16(float value) {
+  uint32_t u;
+  std::memcpy(&u, &value, 4);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000);
+  const float a = std::fabs(value);
+  if (std::isnan(value)) return uint16_t(sign | 0x7e00);
+  if (a >= 65520.0f) return uint16_t(sign | 0x7c00);       // rounds to inf
+  if (a < 6.103515625e-05f) {                              // subnormal range: multiples of 2^-24
+    const float scaled = std::nearbyint(a * 16777216.0f);  // default rounding: ties to even
+    return uint16_t(sign | uint16_t(scaled));
+  }
+  int e;
+  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  // 11 significant bits: mantissa = m * 2^11, rounded to nearest even.
+  float mant = std::nearbyint(m * 2048.0f);
+  if (mant >= 2048.0f) {
+    mant /= 2.0f;
+    ++e;
+  }
+  const int exponent = e - 1 + 15;
+  if (exponent >= 31) return uint16_t(sign | 0x7c00);
+  return uint16_t(sign | (uint16_t(exponent) << 10) | (uint16_t(mant) & 0x3ff));
+}
+
+float load_as_float(const void* data, DType dtype, std::size_t index) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(data)[index];
+    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(data)[index]);
+    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(data)[index]);
+  }
+  return 0.0f;
+}
+
+void store_from_float(void* data, DType dtype, std::size_t index, float value) {
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(data)[index] = value; break;
+    case DType::bf16: static_cast<uint16_t*>(data)[index] = float_to_bf16(value); break;
+    case DType::f16: static_cast<uint16_t*>(data)[index] = float_to_f16(value); break;
+  }
+}
+
+}  // namespace gqattn

@@ -1,0 +1,28 @@
+// Questions CUDA backends ask before running: is there a usable device of a
+// given compute capability, and do these pointers live on it.
+#pragma once
+
+#include <string>
+
+#include "gqattn/types.hpp"
+
+namespace gqattn::cuda {
+
+// "" when the current device exists and has compute capability >= min_major.min_minor.
+std::string why_no_device(int min_major, int min_minor);
+
+// "" when `data` is device-accessible memory of the current device.
+std::string why_not_device_pointer(const void* data, const char* name);
+
+struct DeviceProperties {
+  int cc_major = 0;
+  int cc_minor = 0;
+  int multiprocessors = 0;
+  int max_grid_y = 0;
+  int max_grid_z = 0;
+  std::size_t max_shared_per_block_optin = 0;
+};
+// Properties of the current device, cached per device.
+const DeviceProperties& current_device_properties();
+
+}  // namespace gqattn::cuda
