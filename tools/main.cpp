@@ -178,7 +178,14 @@ int run_check(const std::vector<std::string>& args) {
   // Problem errors (H % Hkv, window < 0, ...) surface here, before any work.
   const gqattn::Explanation cpu_view =
       gqattn::explain(p, c.dtype, gqattn::Device::cpu, gqattn::Backend::Cpu);
-  if (!cpu_view.supported) throw UsageError{cpu_view.reason.substr(cpu_view.reason.find(' ') + 1)};
+  if (!cpu_view.supported) throw UsageError{cpu_view.reason};
+  // An explicitly named backend that cannot run is an error, not a skip.
+  if (!all) {
+    const gqattn::Backend b = backends.front();
+    const auto device = b == gqattn::Backend::Cpu ? gqattn::Device::cpu : gqattn::Device::cuda;
+    const gqattn::Explanation why = gqattn::explain(p, c.dtype, device, b);
+    if (!why.supported) throw UsageError{why.reason};
+  }
 
   std::printf(
       "problem: B=%lld Tq=%lld Tk=%lld H=%lld Hkv=%lld d=%lld causal=%d window=%lld "
@@ -196,8 +203,6 @@ int run_check(const std::vector<std::string>& args) {
     config.seed = c.seed;
     config.backward = c.backward;
     const gqattn::check::Report report = gqattn::check::run(config);
-    // An explicitly named backend that cannot run is an error, not a skip.
-    if (!report.ran && !all) throw UsageError{report.skipped};
     print_report(report);
     ran += report.ran ? 1 : 0;
     failed = failed || (report.ran && !report.pass);

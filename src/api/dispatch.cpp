@@ -113,7 +113,7 @@ Explanation explain(const Problem& problem, DType dtype, Device device, Backend 
   try {
     detail::validate_problem(problem);
   } catch (const Error& e) {
-    out.reason = e.what();
+    out.reason = e.argument() + ": " + e.rule();
     return out;
   }
   detail::Choice choice = detail::choose(problem, dtype, device, backend);
