@@ -1,0 +1,33 @@
+// The CPU backend: the f32 mirror of the seed behind the BackendImpl
+// interface. It runs every valid problem whose tensors are in host memory.
+// Checked through the public API by every test in tests/cpu/
+// (test_cpu_backend.cpp covers what it reports).
+#include <string>
+
+#include "api/backend.hpp"
+#include "cpu/mirror.hpp"
+
+namespace gqattn::detail {
+namespace {
+
+class CpuBackend final : public BackendImpl {
+ public:
+  Backend id() const override { return Backend::Cpu; }
+
+  std::string why_not(const Problem&, DType, Device device) const override {
+    if (device != Device::cpu) return "tensors live on CUDA; the cpu backend needs host memory";
+    return "";
+  }
+
+  void forward(const ForwardArgs& args) const override { cpu::mirror_forward(args); }
+  void backward(const BackwardArgs& args) const override { cpu::mirror_backward(args); }
+};
+
+}  // namespace
+
+const BackendImpl* cpu_backend() {
+  static const CpuBackend backend;
+  return &backend;
+}
+
+}  // namespace gqattn::detail

@@ -1,0 +1,72 @@
+// The f32 mirror of the seed's four Metal kernels (attention_fwd,
+// attention_bwd_d, attention_bwd_dq, attention_bwd_dkv), extended to the full
+// semantics of docs/semantics.md: Tq != Tk, rows with no kept key, lse, any
+// stride, f32/bf16/f16 I/O. Every float operation happens in the seed's order
+// with std::fmaf where the seed writes fma, so the unfused CUDA path can be
+// compared with it almost bit for bit. Checked in tests/cpu/: bit-exact
+// against a literal transliteration of the seed (test_mirror_seed.cpp),
+// against the f64 oracle (test_mirror_oracle.cpp), and by properties.
+#pragma once
+
+#include <cstdint>
+
+#include "api/backend.hpp"
+
+namespace gqattn::cpu {
+
+// The problem's sizes, resolved once. scale is the validated problem.scale.
+struct MirrorShape {
+  int64_t B = 0, Tq = 0, Tk = 0, H = 0, Hkv = 0, d = 0;
+  int64_t rep = 1;  // query heads per kv head, H / Hkv
+  int64_t off = 0;  // Tk - Tq: query i sits at absolute position i + off
+  int64_t window = 0;
+  bool causal = false;
+  float scale = 1.0f;
+  float softcap = 0.0f;
+};
+MirrorShape mirror_shape(const Problem& problem);
+
+// The keys query i keeps, as the seed's [jmin, jmax]; empty when first > last.
+struct KeptRange {
+  int64_t first = 0;
+  int64_t last = -1;
+  bool empty() const { return first > last; }
+};
+KeptRange kept_range(const MirrorShape& shape, int64_t i);
+
+// The seed's dot product: s = fma(a[x], b[x], s) from s = 0, x ascending.
+float fma_dot(const float* a, const float* b, int64_t n);
+
+// One row of P, exactly as attention_fwd builds it: scores (softcapped) of
+// the kept keys, their max m, e = exp(s - m) and its sum, P = e * (1 / sum),
+// zeros elsewhere. q is [d]; K is the row's kv head packed [Tk, d]; prow gets
+// Tk values. Forward and backward both call this, so backward's P is
+// bit-identical to the P forward used. A row with no kept key gets all zeros
+// and sum = 0.
+struct RowSoftmax {
+  KeptRange kept;
+  float m = 0.0f;
+  float sum = 0.0f;
+};
+RowSoftmax softmax_row(const MirrorShape& shape, int64_t i, const float* q, const float* K,
+                       float* prow);
+
+// Element offset of t[i0][i1][i2] (rank 3) or t[i0][i1][i2][0] (rank 4).
+inline int64_t element_offset(const TensorRef& t, int64_t i0, int64_t i1, int64_t i2) {
+  return i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2];
+}
+// n consecutive elements from `offset`, as float (exact for every dtype).
+void load_floats(const TensorRef& t, int64_t offset, int64_t n, float* out);
+// n floats to consecutive elements from `offset`, rounded to t's dtype.
+void store_floats(const TensorRef& t, int64_t offset, int64_t n, const float* in);
+// Head `head` of batch b of a [B, T, heads, d] tensor, packed to [T, d] floats.
+void load_head(const TensorRef& t, int64_t b, int64_t head, int64_t T, int64_t d, float* out);
+
+void mirror_forward(const detail::ForwardArgs& args);
+// Backward materialises P in f32 like the seed, for one wave of kv groups
+// (b, hkv) at a time: as many groups as fit in wave_bytes (at least one), so
+// memory stays bounded on long sequences. The split changes no result.
+constexpr int64_t kDefaultWaveBytes = int64_t{256} << 20;
+void mirror_backward(const detail::BackwardArgs& args, int64_t wave_bytes = kDefaultWaveBytes);
+
+}  // namespace gqattn::cpu
