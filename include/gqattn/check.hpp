@@ -29,7 +29,7 @@ struct Config {
   bool backward = true;
   bool determinism = true;      // run twice more and compare every output bit
   bool padded_strides = false;  // give every tensor non-packed strides
-  // Rows of q with large magnitude (x8): exercise the softmax's max tracking.
+  // Rows of q with large magnitude (x4): exercise the softmax's max tracking.
   bool large_rows = true;
 };
 

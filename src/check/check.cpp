@@ -24,7 +24,10 @@ constexpr double kF32Tolerance = 1e-5;
 constexpr double kBf16Rounding = 1.0 / 256.0;  // 2^-8: one bf16 rounding, relative
 constexpr double kF16Rounding = 1.0 / 2048.0;  // 2^-11
 constexpr float kInputMean = 0.5f;             // non-zero: softmax and dS must not cancel
-constexpr float kLargeRowFactor = 8.0f;        // a few q rows this much larger
+// A few q rows this much larger, to exercise the softmax's max tracking.
+// (x8 puts even the exact f32 mirror above 1e-5 at d = 256: the error of an
+// f32 dot product grows with the logits' size.)
+constexpr float kLargeRowFactor = 4.0f;
 constexpr int64_t kLargeRowEvery = 7;
 
 struct Inputs {
