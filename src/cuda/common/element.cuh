@@ -1,0 +1,51 @@
+// Device-side I/O element types: load as f32, store from f32, and the host
+// switch from gqattn::DType to the matching CUDA type. Loads are exact (every
+// bf16/f16 value is an f32 value); stores round to nearest even, the rounding
+// of gqattn::float_to_bf16 / float_to_f16 on the host, so a kernel and the CPU
+// backend that compute the same f32 produce the same output bits.
+// Checked by tests/gpu/ (bf16 and f16 results compared with the CPU backend).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "gqattn/error.hpp"
+#include "gqattn/types.hpp"
+
+namespace gqattn::cuda {
+
+__device__ __forceinline__ float load_f32(float x) { return x; }
+__device__ __forceinline__ float load_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float load_f32(__half x) { return __half2float(x); }
+
+template <class T>
+__device__ __forceinline__ T store_as(float x);
+template <>
+__device__ __forceinline__ float store_as<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 store_as<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half store_as<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+// Calls f(T{}) with T the CUDA element type of `dtype`; kernels template on
+// the element type only, so this is the one place the three instantiations
+// are chosen.
+template <class F>
+void with_element_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    case DType::f16: f(__half{}); return;
+  }
+  throw Error("dtype", "unknown element type " + std::to_string(static_cast<int>(dtype)));
+}
+
+}  // namespace gqattn::cuda

@@ -1,0 +1,263 @@
+// The cuda-unfused backend: the seed's correctness path on the GPU behind the
+// BackendImpl interface. It says why it cannot run a problem (no device, a
+// device older than sm_80 or without a kernel image, P larger than the
+// device), checks that every tensor lives on the current device, sizes the
+// P workspace against free memory before allocating it, and launches the
+// kernels of unfused.hpp on the caller's stream without a host round trip.
+// Checked by tests/gpu/test_cuda_unfused.cpp (results against the CPU
+// backend, determinism, strides, the refusals and their messages).
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "api/backend.hpp"
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/device_query.hpp"
+#include "cuda/unfused/unfused.hpp"
+#include "gqattn/attention.hpp"
+#include "gqattn/error.hpp"
+
+namespace gqattn {
+namespace cuda::unfused {
+
+Shape make_shape(const Problem& problem) {
+  Shape s;
+  s.B = problem.B;
+  s.Tq = problem.Tq;
+  s.Tk = problem.Tk;
+  s.H = problem.H;
+  s.Hkv = problem.Hkv;
+  s.d = problem.d;
+  s.rep = problem.H / problem.Hkv;
+  s.off = problem.Tk - problem.Tq;
+  // A window of Tk or more keeps every key (the lowest absolute query
+  // position is below Tk), so it is the same as none; passing 0 keeps the
+  // kernels' window arithmetic far from int64 overflow for any window.
+  s.window = problem.window >= problem.Tk ? 0 : problem.window;
+  s.causal = problem.causal;
+  s.scale = problem.effective_scale();
+  s.softcap = problem.softcap;
+  return s;
+}
+
+RowStrides row_strides(const TensorRef& t) {
+  if (t.rank == 3) return {t.stride[0], t.stride[2], t.stride[1]};  // lse [B, H, Tq]
+  return {t.stride[0], t.stride[1], t.stride[2]};
+}
+
+}  // namespace cuda::unfused
+
+namespace detail {
+namespace {
+
+namespace unfused = cuda::unfused;
+
+// The oldest architecture the library is built for (GQATTN_CUDA_ARCHS).
+constexpr int kMinMajor = 8;
+constexpr int kMinMinor = 0;
+
+constexpr double kBytesPerGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr const char* kTooLargeAdvice = "; use cuda-flash or cpu for this size";
+
+std::string gib(double bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f GiB", bytes / kBytesPerGiB);
+  return text;
+}
+
+// Workspace bytes: P [B, H, Tq, Tk] f32, and for backward D [B, H, Tq] f32.
+// In double first: for sizes no device holds the int64 product overflows.
+double workspace_bytes(const Problem& p, bool with_d) {
+  const double rows = double(p.B) * double(p.H) * double(p.Tq);
+  return rows * double(p.Tk) * sizeof(float) + (with_d ? rows * sizeof(float) : 0.0);
+}
+
+std::string workspace_what(bool with_d) {
+  return with_d ? "for P [B,H,Tq,Tk] f32 and D [B,H,Tq]" : "for P [B,H,Tq,Tk] f32";
+}
+
+// Throws before anything is allocated when the workspace cannot fit in the
+// device's free memory now.
+void require_free_memory(double bytes, bool with_d) {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  GQATTN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (bytes > double(free_bytes))
+    throw Error("backend", "cuda-unfused: needs " + gib(bytes) + " " + workspace_what(with_d) +
+                               ", only " + gib(double(free_bytes)) + " free" + kTooLargeAdvice);
+}
+
+// A device allocation ordered on the caller's stream: freed after the
+// kernels queued before the destructor ran, without a host synchronisation.
+// Devices without stream-ordered allocation get cudaMalloc and a
+// synchronising free instead.
+class StreamWorkspace {
+ public:
+  StreamWorkspace(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+    int device = 0;
+    int pools = 0;
+    GQATTN_CUDA_CHECK(cudaGetDevice(&device));
+    GQATTN_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    async_ = pools != 0;
+    const cudaError_t status =
+        async_ ? cudaMallocAsync(&data_, bytes, stream_) : cudaMalloc(&data_, bytes);
+    if (status != cudaSuccess) {
+      // Reported by the throw below; cleared so a later launch check does
+      // not mistake it for its own.
+      (void)cudaGetLastError();
+      data_ = nullptr;
+      cuda::check(status, async_ ? "cudaMallocAsync(workspace)" : "cudaMalloc(workspace)");
+    }
+  }
+  ~StreamWorkspace() {
+    // A destructor cannot throw; a stream broken enough to fail here has
+    // already failed a launch check, which is the error the caller sees.
+    if (async_) {
+      (void)cudaFreeAsync(data_, stream_);
+    } else {
+      (void)cudaStreamSynchronize(stream_);
+      (void)cudaFree(data_);
+    }
+  }
+  StreamWorkspace(const StreamWorkspace&) = delete;
+  StreamWorkspace& operator=(const StreamWorkspace&) = delete;
+
+  float* floats() const { return static_cast<float*>(data_); }
+
+ private:
+  cudaStream_t stream_;
+  void* data_ = nullptr;
+  bool async_ = true;
+};
+
+unfused::Launch launch_on(void* stream) {
+  int device = 0;
+  int threads_per_sm = 0;
+  GQATTN_CUDA_CHECK(cudaGetDevice(&device));
+  GQATTN_CUDA_CHECK(
+      cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  unfused::Launch launch;
+  launch.stream = static_cast<cudaStream_t>(stream);
+  const int64_t blocks_per_sm = threads_per_sm / unfused::kThreadsPerBlock;
+  const int64_t full = int64_t(cuda::current_device_properties().multiprocessors) * blocks_per_sm;
+  launch.max_blocks = full > 0 ? full : 1;
+  return launch;
+}
+
+unfused::In in(const TensorRef& t) { return {t.data, unfused::row_strides(t)}; }
+unfused::Out out(const TensorRef& t) { return {t.data, unfused::row_strides(t)}; }
+
+std::string why_not_pointers(std::initializer_list<std::pair<const TensorRef*, const char*>> list) {
+  for (const auto& [tensor, name] : list) {
+    const std::string reason = cuda::why_not_device_pointer(tensor->data, name);
+    if (!reason.empty()) return reason;
+  }
+  return "";
+}
+
+class CudaUnfusedBackend final : public BackendImpl {
+ public:
+  Backend id() const override { return Backend::CudaUnfused; }
+
+  std::string why_not(const Problem& problem, DType, Device device) const override {
+    if (device != Device::cuda)
+      return "tensors live in host memory; cuda-unfused needs CUDA device memory";
+    std::string reason = cuda::why_no_device(kMinMajor, kMinMinor);
+    if (reason.empty()) reason = unfused::why_no_kernel_image();
+    if (!reason.empty()) return reason;
+    // Backward's workspace, so that a problem forward accepts can also be
+    // differentiated. Free memory changes; the check at run time uses it.
+    std::size_t free_bytes = 0, total_bytes = 0;
+    const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();  // returned as the reason instead
+      return std::string("cannot query device memory: ") + cudaGetErrorString(status);
+    }
+    const double need = workspace_bytes(problem, /*with_d=*/true);
+    if (need > double(total_bytes))
+      return "needs " + gib(need) + " " + workspace_what(true) + ", the device has " +
+             gib(double(total_bytes)) + kTooLargeAdvice;
+    return "";
+  }
+
+  std::string why_not_tensors(const ForwardArgs& a) const override {
+    std::string reason = why_not_pointers({{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.o, "o"}});
+    if (reason.empty() && a.lse.data != nullptr)
+      reason = cuda::why_not_device_pointer(a.lse.data, "lse");
+    return reason;
+  }
+
+  void forward(const ForwardArgs& args) const override {
+    const double bytes = workspace_bytes(args.problem, /*with_d=*/false);
+    require_free_memory(bytes, /*with_d=*/false);
+    const unfused::Launch launch = launch_on(args.options.stream);
+    StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
+
+    unfused::ForwardPass pass;
+    pass.shape = unfused::make_shape(args.problem);
+    pass.dtype = args.q.dtype;
+    pass.q = in(args.q);
+    pass.k = in(args.k);
+    pass.v = in(args.v);
+    pass.o = out(args.o);
+    pass.lse = out(args.lse);  // data may be null: lse not written
+    pass.P = workspace.floats();
+    unfused::launch_forward(pass, launch);
+  }
+
+  void backward(const BackwardArgs& args) const override {
+    // Dispatch checked q, k, v, o and lse through why_not_tensors; the
+    // gradients' tensors are checked here, before anything runs.
+    const std::string reason = why_not_pointers(
+        {{&args.dout, "do"}, {&args.dq, "dq"}, {&args.dk, "dk"}, {&args.dv, "dv"}});
+    if (!reason.empty()) throw Error("backend", "cuda-unfused: " + reason);
+
+    const double bytes = workspace_bytes(args.problem, /*with_d=*/true);
+    require_free_memory(bytes, /*with_d=*/true);
+    const unfused::Launch launch = launch_on(args.options.stream);
+    StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
+    const unfused::Shape shape = unfused::make_shape(args.problem);
+    float* P = workspace.floats();
+    float* D = P + shape.B * shape.H * shape.Tq * shape.Tk;
+
+    // P again, by the forward's own kernel: bit-identical to the P that
+    // produced o (lse is not read; exp(s - lse) would round differently).
+    unfused::ForwardPass recompute;
+    recompute.shape = shape;
+    recompute.dtype = args.q.dtype;
+    recompute.q = in(args.q);
+    recompute.k = in(args.k);
+    recompute.v = in(args.v);
+    recompute.P = P;
+    unfused::launch_forward(recompute, launch);
+
+    unfused::BackwardPass pass;
+    pass.shape = shape;
+    pass.dtype = args.q.dtype;
+    pass.q = in(args.q);
+    pass.k = in(args.k);
+    pass.v = in(args.v);
+    pass.o = in(args.o);
+    pass.dout = in(args.dout);
+    pass.dq = out(args.dq);
+    pass.dk = out(args.dk);
+    pass.dv = out(args.dv);
+    pass.P = P;
+    pass.D = D;
+    unfused::launch_backward(pass, launch);
+  }
+};
+
+}  // namespace
+
+const BackendImpl* cuda_unfused_backend(std::string* /*reason*/) {
+  static const CudaUnfusedBackend backend;
+  return &backend;
+}
+
+}  // namespace detail
+}  // namespace gqattn
