@@ -1,0 +1,316 @@
+// gqattn_bench: times gqattn's forward and backward on one GPU and prints
+// one JSON line per shape (TFLOP/s with FLOPs counted exactly from the mask,
+// DESIGN §5: forward 4 * d * H * B * kept pairs, backward 2.5x that).
+// Checked by running it (bench/side_by_side.py drives it); it verifies
+// nothing about correctness — the tests do.
+//
+// Method: random normal inputs (mean 0.5, never zeros); several copies of
+// every tensor, rotated between calls, so that together they exceed the L2
+// cache; warm-up calls, then every call timed alone between two CUDA events
+// on a private stream; the median is reported.
+//
+//   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
+//                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
+//                [--no-backward]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gqattn/attention.hpp"
+#include "gqattn/dtype.hpp"
+#include "gqattn/error.hpp"
+
+namespace {
+
+constexpr std::size_t kRotateBytes = std::size_t(256) << 20;  // > 4x the L2 of an H100/H200
+constexpr int kMaxSets = 16;
+constexpr float kInputMean = 0.5f;
+constexpr unsigned kSeed = 20261201;
+constexpr double kFlopsPerPairPerDim = 4.0;  // QK^T and PV, 2 FLOPs per multiply-add
+constexpr double kBackwardFlopFactor = 2.5;
+constexpr int kDefaultWarmup = 5;
+constexpr int kDefaultRepeats = 30;
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "gqattn_bench: %s: %s\n", what, cudaGetErrorString(status));
+    std::exit(2);
+  }
+}
+
+// printf into a string: each JSON line is printed whole, or not at all.
+void append(std::string& out, const char* format, ...) {
+  constexpr int kLineBytes = 1024;
+  char buffer[kLineBytes];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buffer, sizeof(buffer), format, args);
+  va_end(args);
+  out += buffer;
+}
+
+// Exact number of kept (i, j) pairs under the mask of DESIGN §1.
+double kept_pairs(const gqattn::Problem& p) {
+  const int64_t off = p.Tk - p.Tq;
+  double total = 0.0;
+  for (int64_t i = 0; i < p.Tq; ++i) {
+    int64_t hi = p.Tk - 1;
+    if (p.causal) hi = std::min(hi, i + off);
+    int64_t lo = 0;
+    if (p.window > 0) lo = std::max<int64_t>(0, i + off - p.window + 1);
+    if (hi >= lo) total += double(hi - lo + 1);
+  }
+  return total;
+}
+
+gqattn::Problem make(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t d,
+                     bool causal, int64_t window, float softcap) {
+  gqattn::Problem p;
+  p.B = B;
+  p.Tq = Tq;
+  p.Tk = Tk;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.d = d;
+  p.causal = causal;
+  p.window = window;
+  p.softcap = softcap;
+  return p;
+}
+
+// DESIGN §5's standard shapes (bf16, GQA 32/8 unless noted).
+std::vector<gqattn::Problem> standard_shapes() {
+  return {
+      make(16, 1024, 1024, 32, 8, 128, true, 0, 0.0f),
+      make(4, 4096, 4096, 32, 8, 128, true, 0, 0.0f),
+      make(1, 16384, 16384, 32, 8, 128, true, 0, 0.0f),
+      make(4, 4096, 4096, 32, 8, 128, false, 0, 0.0f),
+      make(4, 4096, 4096, 32, 8, 64, true, 0, 0.0f),
+      make(4, 4096, 4096, 16, 8, 256, true, 0, 0.0f),
+      make(2, 8192, 8192, 16, 8, 256, true, 4096, 50.0f),
+      make(4, 4096, 4096, 32, 8, 128, true, 1024, 0.0f),
+      make(4, 4096, 4096, 32, 8, 128, true, 0, 30.0f),
+  };
+}
+
+gqattn::Problem parse_shape(const std::string& text) {
+  std::vector<double> v;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::atof(item.c_str()));
+  if (v.size() != 9) {
+    std::fprintf(stderr, "gqattn_bench: --shape wants B,Tq,Tk,H,Hkv,d,causal,window,softcap\n");
+    std::exit(2);
+  }
+  return make(int64_t(v[0]), int64_t(v[1]), int64_t(v[2]), int64_t(v[3]), int64_t(v[4]),
+              int64_t(v[5]), v[6] != 0.0, int64_t(v[7]), float(v[8]));
+}
+
+struct DeviceTensor {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+DeviceTensor device_alloc(std::size_t bytes) {
+  DeviceTensor t;
+  t.bytes = bytes;
+  check(cudaMalloc(&t.data, bytes), "cudaMalloc");
+  return t;
+}
+
+std::vector<uint16_t> random_16bit(std::size_t n, gqattn::DType dtype, std::mt19937& rng) {
+  std::normal_distribution<float> normal(kInputMean, 1.0f);
+  std::vector<uint16_t> out(n);
+  for (auto& x : out)
+    x = dtype == gqattn::DType::bf16 ? gqattn::float_to_bf16(normal(rng))
+                                     : gqattn::float_to_f16(normal(rng));
+  return out;
+}
+
+// One copy of every tensor a forward and backward touch.
+struct Set {
+  DeviceTensor q, k, v, o, lse, dout, dq, dk, dv;
+};
+
+double median(std::vector<float> x) {
+  std::sort(x.begin(), x.end());
+  return x.empty() ? 0.0 : double(x[x.size() / 2]);
+}
+
+struct Settings {
+  gqattn::DType dtype = gqattn::DType::bf16;
+  gqattn::Backend backend = gqattn::Backend::CudaFlash;
+  int warmup = kDefaultWarmup;
+  int repeats = kDefaultRepeats;
+  bool backward = true;
+};
+
+void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream) {
+  const double pairs = kept_pairs(p);
+  const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
+  std::string line;
+  append(line,
+         "{\"backend\": \"%s\", \"dtype\": \"%s\", \"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, "
+         "\"H\": %lld, \"Hkv\": %lld, \"d\": %lld, \"causal\": %d, \"window\": %lld, "
+         "\"softcap\": %g, \"kept_pairs\": %.0f",
+         gqattn::backend_name(s.backend), gqattn::dtype_name(s.dtype), (long long)p.B,
+         (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv, (long long)p.d,
+         int(p.causal), (long long)p.window, double(p.softcap), pairs);
+
+  const std::size_t elem = gqattn::dtype_size(s.dtype);
+  const std::size_t q_elems = std::size_t(p.B * p.Tq * p.H * p.d);
+  const std::size_t kv_elems = std::size_t(p.B * p.Tk * p.Hkv * p.d);
+  const std::size_t lse_bytes = std::size_t(p.B * p.H * p.Tq) * sizeof(float);
+  const std::size_t set_bytes =
+      (4 * q_elems + 2 * kv_elems) * elem + lse_bytes + (q_elems + 2 * kv_elems) * elem;
+  const int sets =
+      int(std::clamp<std::size_t>((kRotateBytes + set_bytes - 1) / set_bytes, 1, kMaxSets));
+
+  std::mt19937 rng(kSeed);
+  const std::vector<uint16_t> hq = random_16bit(q_elems, s.dtype, rng);
+  const std::vector<uint16_t> hk = random_16bit(kv_elems, s.dtype, rng);
+  const std::vector<uint16_t> hv = random_16bit(kv_elems, s.dtype, rng);
+  const std::vector<uint16_t> hdo = random_16bit(q_elems, s.dtype, rng);
+  std::vector<Set> all(static_cast<std::size_t>(sets));
+  for (Set& set : all) {
+    set.q = device_alloc(q_elems * elem);
+    set.k = device_alloc(kv_elems * elem);
+    set.v = device_alloc(kv_elems * elem);
+    set.o = device_alloc(q_elems * elem);
+    set.lse = device_alloc(lse_bytes);
+    set.dout = device_alloc(q_elems * elem);
+    set.dq = device_alloc(q_elems * elem);
+    set.dk = device_alloc(kv_elems * elem);
+    set.dv = device_alloc(kv_elems * elem);
+    check(cudaMemcpy(set.q.data, hq.data(), q_elems * elem, cudaMemcpyHostToDevice), "upload q");
+    check(cudaMemcpy(set.k.data, hk.data(), kv_elems * elem, cudaMemcpyHostToDevice), "upload k");
+    check(cudaMemcpy(set.v.data, hv.data(), kv_elems * elem, cudaMemcpyHostToDevice), "upload v");
+    check(cudaMemcpy(set.dout.data, hdo.data(), q_elems * elem, cudaMemcpyHostToDevice),
+          "upload do");
+  }
+
+  auto ref_q = [&](void* data) {
+    return gqattn::contiguous(data, s.dtype, gqattn::Device::cuda, p.B, p.Tq, p.H, p.d);
+  };
+  auto ref_kv = [&](void* data) {
+    return gqattn::contiguous(data, s.dtype, gqattn::Device::cuda, p.B, p.Tk, p.Hkv, p.d);
+  };
+  auto ref_lse = [&](void* data) {
+    return gqattn::contiguous(data, gqattn::DType::f32, gqattn::Device::cuda, p.B, p.H, p.Tq);
+  };
+  gqattn::Options options;
+  options.backend = s.backend;
+  options.stream = stream;
+  auto forward = [&](const Set& x) {
+    gqattn::forward(p, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data), ref_q(x.o.data),
+                    ref_lse(x.lse.data), options);
+  };
+  auto backward = [&](const Set& x) {
+    gqattn::backward(p, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data), ref_q(x.o.data),
+                     ref_lse(x.lse.data), ref_q(x.dout.data), ref_q(x.dq.data), ref_kv(x.dk.data),
+                     ref_kv(x.dv.data), options);
+  };
+
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  auto time_calls = [&](auto&& call) {
+    for (int i = 0; i < s.warmup; ++i) call(all[std::size_t(i % sets)]);
+    std::vector<float> ms;
+    for (int i = 0; i < s.repeats; ++i) {
+      check(cudaEventRecord(start, stream), "record");
+      call(all[std::size_t(i % sets)]);
+      check(cudaEventRecord(stop, stream), "record");
+      check(cudaEventSynchronize(stop), "sync");
+      float t = 0.0f;
+      check(cudaEventElapsedTime(&t, start, stop), "elapsed");
+      ms.push_back(t);
+    }
+    return median(ms);
+  };
+
+  try {
+    for (const Set& x : all) forward(x);  // every set's o and lse, for the backward
+    check(cudaStreamSynchronize(stream), "sync");
+    const double fwd_ms = time_calls(forward);
+    append(line, ", \"sets\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f", sets, fwd_ms,
+           fwd_flops / (fwd_ms * 1e-3) / 1e12);
+    if (s.backward) {
+      const double bwd_ms = time_calls(backward);
+      append(line, ", \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f", bwd_ms,
+             kBackwardFlopFactor * fwd_flops / (bwd_ms * 1e-3) / 1e12);
+    }
+  } catch (const gqattn::Error& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '"', '\'');
+    append(line, ", \"error\": \"%s\"", what.c_str());
+  }
+  std::printf("%s}\n", line.c_str());
+  std::fflush(stdout);
+  check(cudaStreamSynchronize(stream), "sync");
+  check(cudaEventDestroy(start), "event");
+  check(cudaEventDestroy(stop), "event");
+  for (Set& set : all)
+    for (DeviceTensor* t :
+         {&set.q, &set.k, &set.v, &set.o, &set.lse, &set.dout, &set.dq, &set.dk, &set.dv})
+      check(cudaFree(t->data), "cudaFree");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  std::vector<gqattn::Problem> shapes;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "gqattn_bench: %s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--standard") {
+      for (const auto& p : standard_shapes()) shapes.push_back(p);
+    } else if (arg == "--shape") {
+      shapes.push_back(parse_shape(value()));
+    } else if (arg == "--dtype") {
+      const std::string v = value();
+      settings.dtype = v == "f16" ? gqattn::DType::f16 : gqattn::DType::bf16;
+    } else if (arg == "--backend") {
+      try {
+        settings.backend = gqattn::parse_backend(value());
+      } catch (const gqattn::Error& e) {
+        std::fprintf(stderr, "gqattn_bench: %s\n", e.what());
+        return 2;
+      }
+    } else if (arg == "--warmup") {
+      settings.warmup = std::atoi(value().c_str());
+    } else if (arg == "--repeats") {
+      settings.repeats = std::max(1, std::atoi(value().c_str()));
+    } else if (arg == "--no-backward") {
+      settings.backward = false;
+    } else {
+      std::fprintf(stderr,
+                   "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
+                   "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
+                   "[--no-backward]\n");
+      return 2;
+    }
+  }
+  if (shapes.empty()) shapes = standard_shapes();
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  for (const auto& p : shapes) run_shape(p, settings, stream);
+  check(cudaStreamDestroy(stream), "stream");
+  return 0;
+}

@@ -1,0 +1,279 @@
+"""Side-by-side attention benchmark on one GPU, in one run (DESIGN §5).
+
+Times PyTorch SDPA (flash = FlashAttention-2, cuDNN) and FlexAttention on the
+standard shapes, runs gqattn's C++ bench (gqattn_bench) on the same shapes in
+the same run, and prints one table: shape, fwd/bwd TFLOP/s of each, and the
+ratio of gqattn to the strongest of the others. Writes everything as JSON to
+$OUT/side_by_side.json (or --out DIR).
+
+Method (the same in both halves): bf16 inputs drawn from N(0.5, 1), several
+copies rotated between calls so that together they exceed the L2 cache,
+warm-up calls, every call timed alone between two CUDA events, median.
+FLOPs: forward 4 * d * H * B * (kept (i, j) pairs, counted exactly from the
+mask), backward 2.5x forward. SDPA has no window or softcap: those shapes
+are compared with FlexAttention only. Checked by running it on the GPU
+machine; torch backends are spot-checked against an f32 reference so a
+fast-but-wrong result is not reported.
+
+usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]
+                                    [--shapes all|core] [--ours-only]
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+ROTATE_BYTES = 256 << 20
+MAX_SETS = 16
+INPUT_MEAN = 0.5
+WARMUP = 5
+BWD_FACTOR = 2.5
+REF_ROWS = 64          # query rows of the f32 spot check
+REF_MAX_REL_ERR = 2e-2  # a backend above this is reported as wrong, not timed
+
+# (B, T, H, Hkv, d, causal, window, softcap): DESIGN §5.
+STANDARD = [
+    (16, 1024, 32, 8, 128, True, 0, 0.0),
+    (4, 4096, 32, 8, 128, True, 0, 0.0),
+    (1, 16384, 32, 8, 128, True, 0, 0.0),
+    (4, 4096, 32, 8, 128, False, 0, 0.0),
+    (4, 4096, 32, 8, 64, True, 0, 0.0),
+    (4, 4096, 16, 8, 256, True, 0, 0.0),
+    (2, 8192, 16, 8, 256, True, 4096, 50.0),
+    (4, 4096, 32, 8, 128, True, 1024, 0.0),
+    (4, 4096, 32, 8, 128, True, 0, 30.0),
+]
+
+
+def kept_pairs(Tq, Tk, causal, window):
+    off = Tk - Tq
+    total = 0
+    for i in range(Tq):
+        hi = min(Tk - 1, i + off) if causal else Tk - 1
+        lo = max(0, i + off - window + 1) if window else 0
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def shape_key(cfg):
+    B, T, H, Hkv, d, causal, window, softcap = cfg
+    return f"B{B} T{T} H{H}/{Hkv} d{d} c{int(causal)} w{window} cap{softcap:g}"
+
+
+def find_bench(path):
+    if path:
+        return path
+    here = os.path.dirname(os.path.abspath(__file__))
+    hits = sorted(glob.glob(os.path.join(here, "..", "build", "*", "bench", "gqattn_bench")),
+                  key=os.path.getmtime)
+    return hits[-1] if hits else None
+
+
+def run_ours(bench, cfg, repeats):
+    B, T, H, Hkv, d, causal, window, softcap = cfg
+    shape = f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},{window},{softcap}"
+    cmd = [bench, "--shape", shape, "--repeats", str(repeats), "--warmup", str(WARMUP)]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            return {"error": f"exit {run.returncode}: {run.stderr.strip()[-200:]}"}
+        return json.loads(run.stdout.strip().splitlines()[-1])
+    except Exception as e:  # report, keep going
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+
+
+def torch_side(cfgs, repeats, results):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev = "cuda"
+    import torch._dynamo
+    torch._dynamo.config.cache_size_limit = 256
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 256
+    print(torch.__version__, torch.cuda.get_device_name(), flush=True)
+
+    def median_ms(fn, sets):
+        for i in range(WARMUP):
+            fn(sets[i % len(sets)])
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        times = []
+        for i in range(repeats):
+            start.record()
+            fn(sets[i % len(sets)])
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        times.sort()
+        return times[len(times) // 2]
+
+    def sdpa(backend, causal):
+        def f(q, k, v):
+            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            with sdpa_kernel([backend]):
+                o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                   enable_gqa=kt.shape[1] != qt.shape[1])
+            return o.transpose(1, 2)
+        return f
+
+    flex_compiled = {}
+
+    def flex(T, causal, window, softcap):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        if "fa" not in flex_compiled:
+            flex_compiled["fa"] = torch.compile(flex_attention, dynamic=False)
+        fa = flex_compiled["fa"]
+
+        def mask_mod(b, h, qi, kj):
+            m = qi >= kj
+            if window:
+                m = m & (qi - kj < window)
+            return m
+        block_mask = create_block_mask(mask_mod, None, None, T, T, device=dev) if causal else None
+        score_mod = None
+        if softcap:
+            def score_mod(s, b, h, qi, kj):
+                return softcap * torch.tanh(s / softcap)
+
+        def f(q, k, v):
+            o = fa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
+                   block_mask=block_mask, enable_gqa=k.shape[2] != q.shape[2])
+            return o.transpose(1, 2)
+        return f
+
+    def ref_error(f, q, k, v, causal, window, softcap):
+        B, T, H, d = q.shape
+        with torch.no_grad():
+            o = f(q, k, v).float()
+            rows = torch.arange(0, T, max(1, T // REF_ROWS), device=dev)
+            rep = H // k.shape[2]
+            qs = q[:1, rows].float()
+            ks = k[:1].float().repeat_interleave(rep, dim=2)
+            vs = v[:1].float().repeat_interleave(rep, dim=2)
+            s = torch.einsum("bihd,bjhd->bhij", qs, ks) / math.sqrt(d)
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            j = torch.arange(T, device=dev)
+            keep = torch.ones(len(rows), T, dtype=torch.bool, device=dev)
+            if causal:
+                keep &= j[None, :] <= rows[:, None]
+            if window:
+                keep &= rows[:, None] - j[None, :] < window
+            p = torch.softmax(s.masked_fill(~keep, float("-inf")), -1)
+            ref = torch.einsum("bhij,bjhd->bihd", p, vs)
+            return ((o[:1, rows] - ref).norm() / ref.norm()).item()
+
+    for cfg in cfgs:
+        B, T, H, Hkv, d, causal, window, softcap = cfg
+        fl = 4.0 * d * H * B * kept_pairs(T, T, causal, window)
+        candidates = []
+        if window == 0 and softcap == 0:
+            candidates += [("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION, causal)),
+                           ("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION, causal))]
+        candidates.append(("flex", None))
+        set_bytes = 2 * (4 * B * T * H * d + 4 * B * T * Hkv * d)
+        nsets = max(1, min(MAX_SETS, -(-ROTATE_BYTES // set_bytes)))
+        for name, f in candidates:
+            rec = dict(backend=name, shape=shape_key(cfg), B=B, T=T, H=H, Hkv=Hkv, d=d,
+                       causal=causal, window=window, softcap=softcap)
+            try:
+                if f is None:
+                    f = flex(T, causal, window, softcap)
+                sets = []
+                for _ in range(nsets):
+                    def t(heads):
+                        x = torch.randn(B, T, heads, d, device=dev, dtype=torch.bfloat16)
+                        return (x + INPUT_MEAN).requires_grad_(True)
+                    q, k, v = t(H), t(Hkv), t(Hkv)
+                    do = torch.randn(B, T, H, d, device=dev, dtype=torch.bfloat16) + INPUT_MEAN
+                    sets.append([q, k, v, do, None])
+                err = ref_error(f, *sets[0][:3], causal, window, softcap)
+                rec["rel_err"] = err
+                if not err < REF_MAX_REL_ERR:
+                    raise RuntimeError(f"wrong result: relative error {err:.2e}")
+                fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets)
+                rec["fwd_ms"], rec["fwd_tflops"] = fwd_ms, fl / fwd_ms / 1e9
+                for s in sets:
+                    s[4] = f(s[0], s[1], s[2])
+
+                def bwd(s):
+                    s[0].grad = s[1].grad = s[2].grad = None
+                    s[4].backward(s[3], retain_graph=True)
+                bwd_ms = median_ms(bwd, sets)
+                rec["bwd_ms"], rec["bwd_tflops"] = bwd_ms, BWD_FACTOR * fl / bwd_ms / 1e9
+                del sets
+            except Exception as e:
+                rec["error"] = f"{type(e).__name__}: {e}"[:200]
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            results.append(rec)
+            print(f"  {name:12s} {rec['shape']:40s} fwd {rec.get('fwd_tflops', float('nan')):7.1f} "
+                  f"bwd {rec.get('bwd_tflops', float('nan')):7.1f} {rec.get('error', '')}",
+                  flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", help="path of gqattn_bench (default: newest build/*/bench/)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--shapes", choices=["all", "core"], default="all")
+    ap.add_argument("--ours-only", action="store_true")
+    args = ap.parse_args()
+    cfgs = STANDARD if args.shapes == "all" else STANDARD[:6]
+
+    results = []
+    bench = find_bench(args.bench)
+    if bench is None:
+        print("gqattn_bench not found (build it, or pass --bench)", file=sys.stderr)
+    else:
+        for cfg in cfgs:
+            rec = run_ours(bench, cfg, args.repeats)
+            rec["backend"] = "gqattn:" + rec.get("backend", "cuda-flash")
+            rec["shape"] = shape_key(cfg)
+            results.append(rec)
+            print(f"  {rec['backend']:12s} {rec['shape']:40s} fwd {rec.get('fwd_tflops', float('nan')):7.1f} "
+                  f"bwd {rec.get('bwd_tflops', float('nan')):7.1f} {rec.get('error', '')}", flush=True)
+    if not args.ours_only:
+        torch_side(cfgs, args.repeats, results)
+
+    # The table: one row per shape.
+    names = []
+    for r in results:
+        if r["backend"] not in names:
+            names.append(r["backend"])
+    ours = [n for n in names if n.startswith("gqattn:")]
+    others = [n for n in names if not n.startswith("gqattn:")]
+    cell = lambda r, k: f"{r[k]:6.0f}" if r and k in r else "     -"
+    header = f"{'shape':40s} " + " ".join(f"{n[:17]:>17s}" for n in names) + "   ours/best fwd  bwd"
+    print("\nTFLOP/s fwd/bwd")
+    print(header)
+    table = []
+    for cfg in cfgs:
+        key = shape_key(cfg)
+        row = {n: next((r for r in results if r["shape"] == key and r["backend"] == n), None)
+               for n in names}
+        line = f"{key:40s} " + " ".join(f"{cell(row[n], 'fwd_tflops')}/{cell(row[n], 'bwd_tflops')}    "
+                                        for n in names)
+        ratio = {}
+        for k in ("fwd_tflops", "bwd_tflops"):
+            best = max((row[n][k] for n in others if row[n] and k in row[n]), default=None)
+            mine = max((row[n][k] for n in ours if row[n] and k in row[n]), default=None)
+            ratio[k] = mine / best if best and mine else None
+        line += "   " + "  ".join(f"{ratio[k]:5.2f}" if ratio[k] else "    -" for k in ratio)
+        print(line)
+        table.append(dict(shape=key, ratio_fwd=ratio["fwd_tflops"], ratio_bwd=ratio["bwd_tflops"]))
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "side_by_side.json")
+    with open(path, "w") as fh:
+        json.dump(dict(results=results, table=table), fh, indent=1)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

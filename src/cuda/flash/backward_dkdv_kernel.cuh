@@ -1,0 +1,267 @@
+// cuda-flash: the backward's dK/dV kernel. One CTA per (key tile, kv head,
+// batch) walks the query tiles of every query head of its GQA group, so dK
+// and dV are accumulated in registers once per kv head (never expanded to H
+// heads in memory) and written once, without atomics: deterministic. Checked
+// against the f64 oracle by tests/gpu/test_flash_*.cpp.
+//
+// It computes the transposed products, so that the rows of every
+// accumulator are keys (the "swapAB" arrangement):
+//   dP^T = V dO^T,  S^T = K Q^T           (A from the CTA's K/V tiles)
+//   P^T  = 2^(v * mult - lse2)            (masked elements set to 0)
+//   dS^T = P^T o (dP^T - D) [o (1 - v^2) under softcap]
+//   dV  += P^T dO,  dK += dS^T Q          (A = P^T, dS^T)
+// Warps form a kWarpsN x kWarpsD grid: warp (wn, wd) owns keys
+// [16 wn, 16 wn + 16), computes S^T / dP^T for queries
+// [wd kBlockM/kWarpsD, ...) and accumulates dK / dV columns
+// [wd d/kWarpsD, ...). With kWarpsD == 1 the A operands P^T, dS^T come
+// straight from the accumulators; otherwise through shared memory.
+// Q, dO (and lse2, D) are double-buffered: step t+1's loads are issued right
+// after the barrier that opens step t. dK gets the softmax scale at the end.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash/mask.cuh"
+#include "cuda/flash/mma.cuh"
+#include "cuda/flash/params.hpp"
+#include "cuda/flash/tile_io.cuh"
+#include "cuda/flash/tile_sizes.hpp"
+
+namespace gqattn::flash {
+
+// C += A B over kSteps k-steps for one warp's m16 rows, A from a shared tile
+// stored [m][k] (rows a_row0..), B from a shared tile stored [n][k]
+// (rows b_row0.., kNT n8 tiles).
+template <typename Elem, typename ATile, typename BTile, int kSteps, int kNT>
+__device__ __forceinline__ void gemm_ss_nt(float (&c)[1][kNT][4], uint32_t a_tile, int a_row0,
+                                           uint32_t b_tile, int b_row0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    uint32_t a[4];
+    load_a<ATile>(a, a_tile, a_row0, kk, lane);
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      uint32_t bf[4];
+      load_b<BTile>(bf, b_tile, b_row0 + np * 2 * kMmaN, kk, lane);
+      mma_16816<Elem>(c[0][2 * np], a, bf[0], bf[1]);
+      mma_16816<Elem>(c[0][2 * np + 1], a, bf[2], bf[3]);
+    }
+  }
+}
+
+template <int kD, typename Elem, bool kSoftcap>
+__global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* kWarpSize)
+    backward_dkdv_kernel(const BackwardParams p) {
+  using Tile = DkdvTile<kD>;
+  constexpr int kBN = Tile::kBlockN;
+  constexpr int kBM = Tile::kBlockM;
+  constexpr int kWarpsD = Tile::kWarpsD;
+  constexpr int kThreads = Tile::kWarpsN * kWarpsD * kWarpSize;
+  constexpr int kQueriesPerWarp = kBM / kWarpsD;
+  constexpr int kColsPerWarp = kD / kWarpsD;
+  constexpr int kNT = kQueriesPerWarp / kMmaN;  // n8 tiles of S^T per warp
+  constexpr int kDT = kColsPerWarp / kMmaN;     // n8 tiles of dK, dV per warp
+  constexpr int kStepsD = kD / kMmaK;
+  constexpr int kStepsM = kBM / kMmaK;
+  static_assert(kBN == Tile::kWarpsN * kMmaM, "each warp owns one m16 tile of keys");
+  static_assert(kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
+  using KVTile = SmemTile<kBN, kD>;
+  using QTile = SmemTile<kBM, kD>;
+  using PTile = SmemTile<kBN, kBM>;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* const smem_k = smem;
+  unsigned char* const smem_v = smem_k + KVTile::kBytes;
+  const uint32_t s_k = smem_addr(smem_k);
+  const uint32_t s_v = smem_addr(smem_v);
+  const uint32_t s_q0 = s_v + KVTile::kBytes;              // stage s: Q at s_q0 + s * kStageBytes
+  constexpr uint32_t kStageBytes = 2 * QTile::kBytes;      // Q then dO
+  const uint32_t s_p = s_q0 + kQueryStages * kStageBytes;  // P^T, dS^T (kWarpsD > 1)
+  const uint32_t s_ds = s_p + PTile::kBytes;
+  constexpr uint32_t kPBytes = kWarpsD > 1 ? 2 * PTile::kBytes : 0;
+  float* const rows_f =
+      reinterpret_cast<float*>(smem + 2 * KVTile::kBytes + kQueryStages * kStageBytes + kPBytes);
+  // rows_f: stage s: lse2 at rows_f[2 s kBM], D at rows_f[(2 s + 1) kBM]
+
+  const int tid_ = threadIdx.x;
+  const int warp = tid_ / kWarpSize;
+  int tid = tid_, lane = tid_ % kWarpSize;  // refreshed by opaque() every step
+  const int key_w = (warp % Tile::kWarpsN) * kMmaM;
+  const int query_w = (warp / Tile::kWarpsN) * kQueriesPerWarp;
+  const int col_w = (warp / Tile::kWarpsN) * kColsPerWarp;
+
+  // Block -> (key tile, kv head, batch); under a causal mask the first key
+  // tiles are seen by the most queries, so they come first.
+  const int num_bhk = p.B * p.Hkv;
+  const int n_block = int(blockIdx.x) / num_bhk;
+  const int b = (int(blockIdx.x) % num_bhk) / p.Hkv;
+  const int hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
+  const int group = p.H / p.Hkv;
+
+  const MaskPolicy mask(p.mask);
+  const int n0 = n_block * kBN;
+  const int cols = min(kBN, mask.tk - n0);
+  const BlockRange range = mask.query_blocks(n0, cols, kBM);
+  const int num_m = range.last - range.first + 1;
+  const int steps = num_m > 0 ? group * num_m : 0;
+
+  const Elem* q_base = static_cast<const Elem*>(p.q) + b * p.q_stride.batch;
+  const Elem* do_base = static_cast<const Elem*>(p.dout) + b * p.do_stride.batch;
+  const int64_t row_ws = int64_t(b) * p.H * p.tq_padded;  // workspace row of (b, h = 0)
+
+  // Loads of step t: query tile m of head h = hk * group + t / num_m.
+  auto load_step = [&](int t, int stage) {
+    const int h = hk * group + t / num_m;
+    const int m0 = (range.first + t % num_m) * kBM;
+    const int rows = mask.tq - m0;
+    const uint32_t s_q = s_q0 + stage * kStageBytes;
+    load_tile_async<kBM, kD, kThreads>(s_q,
+                                       q_base + h * p.q_stride.head + int64_t(m0) * p.q_stride.row,
+                                       p.q_stride.row, rows, tid);
+    load_tile_async<kBM, kD, kThreads>(
+        s_q + QTile::kBytes, do_base + h * p.do_stride.head + int64_t(m0) * p.do_stride.row,
+        p.do_stride.row, rows, tid);
+    constexpr int kRowChunks = kBM * int(sizeof(float)) / kChunkBytes;
+    constexpr int kFloatsPerChunk = kChunkBytes / int(sizeof(float));
+    static_assert(2 * kRowChunks <= kThreads, "one chunk of lse2/D per thread");
+    if (tid < 2 * kRowChunks) {
+      const bool is_d = tid >= kRowChunks;
+      const int c = tid % kRowChunks;
+      const float* src =
+          (is_d ? p.dsum : p.lse2) + row_ws + int64_t(h) * p.tq_padded + m0 + c * kFloatsPerChunk;
+      float* dst = rows_f + (2 * stage + (is_d ? 1 : 0)) * kBM + c * kFloatsPerChunk;
+      cp_async_16(smem_addr(dst), src, true);
+    }
+  };
+
+  if (steps > 0) {
+    const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head +
+                    int64_t(n0) * p.k_stride.row;
+    const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch + hk * p.v_stride.head +
+                    int64_t(n0) * p.v_stride.row;
+    load_tile_async<kBN, kD, kThreads>(s_k, k, p.k_stride.row, cols, tid);
+    load_tile_async<kBN, kD, kThreads>(s_v, v, p.v_stride.row, cols, tid);
+    load_step(0, 0);
+  }
+  cp_async_commit();
+
+  float acc_dk[1][kDT][4] = {};
+  float acc_dv[1][kDT][4] = {};
+
+  for (int t = 0; t < steps; ++t) {
+    const int stage = t % kQueryStages;
+    const int m0 = (range.first + t % num_m) * kBM;
+    const uint32_t s_q = s_q0 + stage * kStageBytes;
+    const uint32_t s_do = s_q + QTile::kBytes;
+    const float* lse2 = rows_f + 2 * stage * kBM;
+    const float* dsum = lse2 + kBM;
+
+    tid = opaque(tid_);
+    lane = opaque(tid_ % kWarpSize);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (t + 1 < steps) load_step(t + 1, (t + 1) % kQueryStages);
+    cp_async_commit();
+
+    // dP^T first: then the elementwise pass sees v before it is masked.
+    float dp[1][kNT][4] = {};
+    gemm_ss_nt<Elem, KVTile, QTile, kStepsD, kNT>(dp, s_v, key_w, s_do, query_w, lane);
+    float s[1][kNT][4] = {};
+    gemm_ss_nt<Elem, KVTile, QTile, kStepsD, kNT>(s, s_k, key_w, s_q, query_w, lane);
+
+    // s <- P^T, dp <- (dP^T - D) [* (1 - v^2)]; then dS^T = s * dp.
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = query_w + nt * kMmaN + frag_col(lane) + (e & 1);
+        float v = s[0][nt][e];
+        float dpd = dp[0][nt][e] - dsum[col];
+        if constexpr (kSoftcap) {
+          v = softcap_tanh(v * p.score.pre);
+          dpd *= 1.0f - v * v;
+        }
+        s[0][nt][e] = fast_exp2(fmaf(v, p.score.mult, -lse2[col]));
+        dp[0][nt][e] = dpd;
+      }
+    if (!mask.fully_kept(m0, kBM, n0, kBN))
+      mask.apply</*kRowsAreKeys=*/true>(s, n0 + key_w, m0 + query_w, lane, 0.0f);
+
+    if constexpr (kWarpsD == 1) {
+#pragma unroll
+      for (int kk = 0; kk < kStepsM; ++kk) {
+        uint32_t a_p[4], a_ds[4];
+        acc_to_a<Elem>(a_p, s[0][2 * kk], s[0][2 * kk + 1]);
+        const float(&s0)[4] = s[0][2 * kk];
+        const float(&s1)[4] = s[0][2 * kk + 1];
+        const float(&d0)[4] = dp[0][2 * kk];
+        const float(&d1)[4] = dp[0][2 * kk + 1];
+        a_ds[0] = pack2<Elem>(s0[0] * d0[0], s0[1] * d0[1]);
+        a_ds[1] = pack2<Elem>(s0[2] * d0[2], s0[3] * d0[3]);
+        a_ds[2] = pack2<Elem>(s1[0] * d1[0], s1[1] * d1[1]);
+        a_ds[3] = pack2<Elem>(s1[2] * d1[2], s1[3] * d1[3]);
+#pragma unroll
+        for (int dn = 0; dn < kDT / 2; ++dn) {
+          uint32_t bf[4];
+          load_b_trans<QTile>(bf, s_do, col_w + dn * 2 * kMmaN, kk, lane);
+          mma_16816<Elem>(acc_dv[0][2 * dn], a_p, bf[0], bf[1]);
+          mma_16816<Elem>(acc_dv[0][2 * dn + 1], a_p, bf[2], bf[3]);
+          load_b_trans<QTile>(bf, s_q, col_w + dn * 2 * kMmaN, kk, lane);
+          mma_16816<Elem>(acc_dk[0][2 * dn], a_ds, bf[0], bf[1]);
+          mma_16816<Elem>(acc_dk[0][2 * dn + 1], a_ds, bf[2], bf[3]);
+        }
+      }
+    } else {
+      // P^T and dS^T of this warp's keys x queries to shared memory; every
+      // warp then reads all kBM queries of its keys.
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        float ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[e] = s[0][nt][e] * dp[0][nt][e];
+        store_acc_frag<PTile, Elem>(smem + (s_p - s_k), s[0][nt], key_w, query_w + nt * kMmaN, 1.0f,
+                                    lane);
+        store_acc_frag<PTile, Elem>(smem + (s_ds - s_k), ds, key_w, query_w + nt * kMmaN, 1.0f,
+                                    lane);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < kStepsM; ++kk) {
+        uint32_t a_p[4], a_ds[4];
+        load_a<PTile>(a_p, s_p, key_w, kk, lane);
+        load_a<PTile>(a_ds, s_ds, key_w, kk, lane);
+#pragma unroll
+        for (int dn = 0; dn < kDT / 2; ++dn) {
+          uint32_t bf[4];
+          load_b_trans<QTile>(bf, s_do, col_w + dn * 2 * kMmaN, kk, lane);
+          mma_16816<Elem>(acc_dv[0][2 * dn], a_p, bf[0], bf[1]);
+          mma_16816<Elem>(acc_dv[0][2 * dn + 1], a_p, bf[2], bf[3]);
+          load_b_trans<QTile>(bf, s_q, col_w + dn * 2 * kMmaN, kk, lane);
+          mma_16816<Elem>(acc_dk[0][2 * dn], a_ds, bf[0], bf[1]);
+          mma_16816<Elem>(acc_dk[0][2 * dn + 1], a_ds, bf[2], bf[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: dK (times the scale) and dV through the K and V tiles' space.
+  tid = tid_;
+  lane = tid_ % kWarpSize;
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+    store_acc_frag<KVTile, Elem>(smem_k, acc_dk[0][dt], key_w, col_w + dt * kMmaN, p.score.scale,
+                                 lane);
+    store_acc_frag<KVTile, Elem>(smem_v, acc_dv[0][dt], key_w, col_w + dt * kMmaN, 1.0f, lane);
+  }
+  __syncthreads();
+  Elem* dk = static_cast<Elem*>(p.dk) + b * p.dk_stride.batch + hk * p.dk_stride.head +
+             int64_t(n0) * p.dk_stride.row;
+  Elem* dv = static_cast<Elem*>(p.dv) + b * p.dv_stride.batch + hk * p.dv_stride.head +
+             int64_t(n0) * p.dv_stride.row;
+  store_tile<kBN, kD, kThreads>(smem_k, dk, p.dk_stride.row, cols, tid);
+  store_tile<kBN, kD, kThreads>(smem_v, dv, p.dv_stride.row, cols, tid);
+}
+
+}  // namespace gqattn::flash

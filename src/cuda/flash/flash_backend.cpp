@@ -1,0 +1,271 @@
+// cuda-flash: the BackendImpl of the fused mma.sync kernels (sm80 and up):
+// what it supports (why_not, why_not_tensors), and the translation of
+// validated TensorRefs into kernel parameters. Checked by
+// tests/gpu/test_flash_*.cpp (every feature against the f64 oracle, the
+// alignment and support messages).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "api/backend.hpp"
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/device_query.hpp"
+#include "cuda/flash/launchers.hpp"
+#include "cuda/flash/params.hpp"
+#include "cuda/flash/tile_sizes.hpp"
+#include "gqattn/dtype.hpp"
+#include "gqattn/error.hpp"
+
+namespace gqattn::flash {
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
+  const int bm = d == 64    ? ForwardTile<64>::kBlockM
+                 : d == 128 ? ForwardTile<128>::kBlockM
+                            : ForwardTile<256>::kBlockM;
+  return ceil_div(Tq, bm) * B * H;
+}
+int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk) {
+  const int bn = d == 64    ? DkdvTile<64>::kBlockN
+                 : d == 128 ? DkdvTile<128>::kBlockN
+                            : DkdvTile<256>::kBlockN;
+  return ceil_div(Tk, bn) * B * Hkv;
+}
+int64_t dq_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
+  const int bm = d == 64    ? DqTile<64>::kBlockM
+                 : d == 128 ? DqTile<128>::kBlockM
+                            : DqTile<256>::kBlockM;
+  return ceil_div(Tq, bm) * B * H;
+}
+int64_t preprocess_blocks(int64_t B, int64_t H, int64_t tq_padded) {
+  return ceil_div(B * H * tq_padded, kPreprocessRowsPerBlock);
+}
+
+}  // namespace gqattn::flash
+
+namespace gqattn::detail {
+namespace {
+
+using flash::ElemType;
+
+// Sequence lengths stay below this so that every index the kernels form
+// (i + Tk - Tq, j - off + window, tile offsets) fits in an int.
+constexpr int64_t kMaxSequence = int64_t{1} << 30;
+constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
+constexpr std::size_t kLoadBytes = 16;  // cp.async chunk
+constexpr float kLog2e = 1.4426950408889634f;
+
+bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
+
+std::size_t smem_needed(int64_t d) {
+  switch (d) {
+    case 64: return flash::max_smem_bytes<64>();
+    case 128: return flash::max_smem_bytes<128>();
+    default: return flash::max_smem_bytes<256>();
+  }
+}
+
+int64_t tq_padded(int64_t tq) {
+  return flash::kWorkspaceRowAlign *
+         ((tq + flash::kWorkspaceRowAlign - 1) / flash::kWorkspaceRowAlign);
+}
+
+// "" when t's data pointer and the strides of every dimension that is
+// walked are multiples of 16 bytes (cp.async and the 16-byte stores).
+std::string why_misaligned(const TensorRef& t, const char* name) {
+  const std::size_t elem = dtype_size(t.dtype);
+  if (reinterpret_cast<std::uintptr_t>(t.data) % kLoadBytes != 0)
+    return std::string(name) + ".data must be 16-byte aligned for 16-byte loads";
+  for (int i = 0; i + 1 < t.rank; ++i) {
+    if (t.shape[i] > 1 && (std::size_t(t.stride[i]) * elem) % kLoadBytes != 0)
+      return std::string(name) + ".stride[" + std::to_string(i) + "]*" + std::to_string(elem) +
+             " bytes must be a multiple of 16 for 16-byte loads (stride[" + std::to_string(i) +
+             "] = " + std::to_string(t.stride[i]) + ")";
+  }
+  return "";
+}
+
+std::string why_not_resident(const TensorRef& t, const char* name) {
+  return cuda::why_not_device_pointer(t.data, name);
+}
+
+flash::RowStrides strides(const TensorRef& t) { return {t.stride[0], t.stride[1], t.stride[2]}; }
+
+flash::MaskArgs mask_args(const Problem& p) {
+  flash::MaskArgs m;
+  m.tq = int(p.Tq);
+  m.tk = int(p.Tk);
+  m.causal = p.causal;
+  // A window that covers every key (j >= i + off - window + 1 holds for all
+  // j >= 0 when window >= Tk) is no window.
+  m.window = p.window >= p.Tk ? 0 : int(p.window);
+  return m;
+}
+
+flash::ScoreArgs score_args(const Problem& p) {
+  flash::ScoreArgs s;
+  s.scale = p.effective_scale();
+  s.softcap = p.softcap > 0.0f;
+  if (s.softcap) {
+    s.pre = s.scale / p.softcap;
+    if (!std::isfinite(s.pre)) s.pre = FLT_MAX;  // a denormal cap: tanh saturates, never 0 * inf
+    s.mult = p.softcap * kLog2e;
+  } else {
+    s.mult = s.scale * kLog2e;
+  }
+  return s;
+}
+
+ElemType elem_type(DType dtype) { return dtype == DType::bf16 ? ElemType::bf16 : ElemType::f16; }
+
+class CudaFlashBackend final : public BackendImpl {
+ public:
+  Backend id() const override { return Backend::CudaFlash; }
+
+  std::string why_not(const Problem& p, DType dtype, Device device) const override {
+    if (device != Device::cuda) return "runs on CUDA devices only (got device cpu)";
+    const bool dtype_ok = dtype == DType::bf16 || dtype == DType::f16;
+    if (!dtype_ok || !head_dim_supported(p.d)) {
+      std::string got;
+      if (!head_dim_supported(p.d)) got = "d=" + std::to_string(p.d);
+      if (!dtype_ok) got += std::string(got.empty() ? "" : ", ") + "dtype " + dtype_name(dtype);
+      return "not supported: cuda-flash supports d in {64, 128, 256} and dtypes bf16/f16 (got " +
+             got + ")";
+    }
+    if (p.Tq >= kMaxSequence || p.Tk >= kMaxSequence)
+      return "not supported: cuda-flash needs Tq, Tk < 2^30 (got Tq=" + std::to_string(p.Tq) +
+             ", Tk=" + std::to_string(p.Tk) + ")";
+    const int d = int(p.d);
+    const int64_t grid = std::max(
+        {flash::forward_blocks(d, p.B, p.H, p.Tq), flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk),
+         flash::dq_blocks(d, p.B, p.H, p.Tq), flash::preprocess_blocks(p.B, p.H, tq_padded(p.Tq))});
+    if (grid > kMaxGridX)
+      return "not supported: cuda-flash needs at most 2^31-1 thread blocks (B*H*Tq too large: " +
+             std::to_string(grid) + " blocks)";
+    const std::string device_reason = cuda::why_no_device(8, 0);
+    if (!device_reason.empty()) return device_reason;
+    const std::size_t need = smem_needed(p.d);
+    const std::size_t have = cuda::current_device_properties().max_shared_per_block_optin;
+    if (need > have)
+      return "not supported: cuda-flash d=" + std::to_string(p.d) + " needs " +
+             std::to_string(need / 1024) + " KB of shared memory per block, the device allows " +
+             std::to_string(have / 1024) + " KB";
+    return "";
+  }
+
+  std::string why_not_tensors(const ForwardArgs& a) const override {
+    const std::pair<const TensorRef*, const char*> tensors[] = {
+        {&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.o, "o"}};
+    for (const auto& [t, name] : tensors) {
+      std::string r = why_not_resident(*t, name);
+      if (r.empty()) r = why_misaligned(*t, name);
+      if (!r.empty()) return r;
+    }
+    if (a.lse.data != nullptr) return why_not_resident(a.lse, "lse");
+    return "";
+  }
+
+  void forward(const ForwardArgs& a) const override {
+    flash::ForwardParams p;
+    p.q = a.q.data;
+    p.k = a.k.data;
+    p.v = a.v.data;
+    p.o = a.o.data;
+    p.lse = static_cast<float*>(a.lse.data);
+    p.q_stride = strides(a.q);
+    p.k_stride = strides(a.k);
+    p.v_stride = strides(a.v);
+    p.o_stride = strides(a.o);
+    p.lse_batch_stride = a.lse.stride[0];
+    p.lse_head_stride = a.lse.stride[1];
+    p.B = int(a.problem.B);
+    p.H = int(a.problem.H);
+    p.Hkv = int(a.problem.Hkv);
+    p.mask = mask_args(a.problem);
+    p.score = score_args(a.problem);
+    const ElemType elem = elem_type(a.q.dtype);
+    switch (a.problem.d) {
+      case 64: flash::launch_forward<64>(p, elem, a.options.stream); break;
+      case 128: flash::launch_forward<128>(p, elem, a.options.stream); break;
+      default: flash::launch_forward<256>(p, elem, a.options.stream); break;
+    }
+  }
+
+  void backward(const BackwardArgs& a) const override {
+    // why_not_tensors saw q, k, v, o, lse; the gradient tensors are checked here,
+    // before anything runs or is written.
+    const std::pair<const TensorRef*, const char*> grads[] = {
+        {&a.dout, "do"}, {&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}};
+    for (const auto& [t, name] : grads) {
+      std::string r = why_not_resident(*t, name);
+      if (r.empty()) r = why_misaligned(*t, name);
+      if (!r.empty()) throw Error("backend", std::string("cuda-flash: ") + r);
+    }
+
+    flash::BackwardParams p;
+    p.q = a.q.data;
+    p.k = a.k.data;
+    p.v = a.v.data;
+    p.o = a.o.data;
+    p.lse = static_cast<const float*>(a.lse.data);
+    p.dout = a.dout.data;
+    p.dq = a.dq.data;
+    p.dk = a.dk.data;
+    p.dv = a.dv.data;
+    p.q_stride = strides(a.q);
+    p.k_stride = strides(a.k);
+    p.v_stride = strides(a.v);
+    p.o_stride = strides(a.o);
+    p.do_stride = strides(a.dout);
+    p.dq_stride = strides(a.dq);
+    p.dk_stride = strides(a.dk);
+    p.dv_stride = strides(a.dv);
+    p.lse_batch_stride = a.lse.stride[0];
+    p.lse_head_stride = a.lse.stride[1];
+    p.B = int(a.problem.B);
+    p.H = int(a.problem.H);
+    p.Hkv = int(a.problem.Hkv);
+    p.mask = mask_args(a.problem);
+    p.score = score_args(a.problem);
+    const int64_t padded = tq_padded(a.problem.Tq);
+    p.tq_padded = int(padded);
+
+    // Workspace: lse2 and D, [B*H, tq_padded] f32 each, on the caller's stream.
+    const auto stream = static_cast<cudaStream_t>(a.options.stream);
+    const std::size_t rows = std::size_t(a.problem.B * a.problem.H * padded);
+    void* workspace = nullptr;
+    GQATTN_CUDA_CHECK(cudaMallocAsync(&workspace, 2 * rows * sizeof(float), stream));
+    p.lse2 = static_cast<float*>(workspace);
+    p.dsum = p.lse2 + rows;
+    const ElemType elem = elem_type(a.q.dtype);
+    try {
+      switch (a.problem.d) {
+        case 64: flash::launch_backward<64>(p, elem, a.options.stream); break;
+        case 128: flash::launch_backward<128>(p, elem, a.options.stream); break;
+        default: flash::launch_backward<256>(p, elem, a.options.stream); break;
+      }
+    } catch (...) {
+      cudaFreeAsync(workspace, stream);
+      throw;
+    }
+    GQATTN_CUDA_CHECK(cudaFreeAsync(workspace, stream));
+  }
+};
+
+}  // namespace
+
+const BackendImpl* cuda_flash_backend(std::string* /*reason*/) {
+  static const CudaFlashBackend backend;
+  return &backend;
+}
+
+}  // namespace gqattn::detail

@@ -1,0 +1,178 @@
+// cuda-flash: the fused forward kernel, FlashAttention-2 style on mma.sync:
+// one CTA per (query tile, head, batch), S = Q K^T and O += P V on tensor
+// cores, online softmax in registers, P never leaves the registers. Checked
+// against the f64 oracle by tests/gpu/test_flash_*.cpp.
+//
+// Per CTA: kBlockM query rows of head h; warp w owns rows
+// [w * kRowsPerWarp, (w + 1) * kRowsPerWarp) as kMT m16 tiles. The key tiles
+// the mask policy says this query tile visits are walked from the last to
+// the first (the diagonal and the Tk edge, which need element masking, come
+// first under a causal mask). Shared memory holds Q, one K tile and one V
+// tile; loads are staggered so that they overlap the math:
+//   top of step n:  wait K(n); barrier; issue V(n)
+//   S = Q K(n)^T;   (softcap; mask if the tile is not fully kept)
+//   wait V(n); barrier (everyone is done with K(n)); issue K(n-1)
+//   online softmax; O += P V(n)
+// O is rescaled by the change of the row max at each step and divided by
+// the row sum once at the end; the epilogue stages O through shared memory
+// so the global stores are whole 16-byte chunks.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash/mask.cuh"
+#include "cuda/flash/mma.cuh"
+#include "cuda/flash/params.hpp"
+#include "cuda/flash/softmax.cuh"
+#include "cuda/flash/tile_io.cuh"
+#include "cuda/flash/tile_sizes.hpp"
+
+namespace gqattn::flash {
+
+template <int kD, typename Elem, bool kSoftcap>
+__global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
+    forward_kernel(const ForwardParams p) {
+  using Tile = ForwardTile<kD>;
+  constexpr int kBM = Tile::kBlockM;
+  constexpr int kBN = Tile::kBlockN;
+  constexpr int kThreads = Tile::kWarps * kWarpSize;
+  constexpr int kRowsPerWarp = kBM / Tile::kWarps;
+  constexpr int kMT = kRowsPerWarp / kMmaM;  // m16 tiles per warp
+  constexpr int kNT = kBN / kMmaN;           // n8 tiles of S
+  constexpr int kDT = kD / kMmaN;            // n8 tiles of O
+  constexpr int kStepsQK = kD / kMmaK;
+  constexpr int kStepsPV = kBN / kMmaK;
+  static_assert(kRowsPerWarp % kMmaM == 0 && kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
+  using QTile = SmemTile<kBM, kD>;
+  using KVTile = SmemTile<kBN, kD>;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t s_q = smem_addr(smem);
+  const uint32_t s_k = s_q + QTile::kBytes;
+  const uint32_t s_v = s_k + KVTile::kBytes;
+
+  const int tid_ = threadIdx.x;
+  const int row_w = (tid_ / kWarpSize) * kRowsPerWarp;  // this warp's first row in the tile
+
+  // Block -> (query tile, head, batch): the last query tiles, which visit
+  // the most keys under a causal mask, are scheduled first.
+  const int num_bh = p.B * p.H;
+  const int num_m = int(gridDim.x) / num_bh;
+  const int m_block = num_m - 1 - int(blockIdx.x) / num_bh;
+  const int bh = int(blockIdx.x) % num_bh;
+  const int b = bh / p.H;
+  const int h = bh % p.H;
+  const int hk = h / (p.H / p.Hkv);
+
+  const MaskPolicy mask(p.mask);
+  const int m0 = m_block * kBM;
+  const int rows = min(kBM, mask.tq - m0);
+  const Elem* q = static_cast<const Elem*>(p.q) + b * p.q_stride.batch +
+                  int64_t(m0) * p.q_stride.row + h * p.q_stride.head;
+  const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head;
+  const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch + hk * p.v_stride.head;
+  const BlockRange range = mask.key_blocks(m0, rows, kBN);
+
+  int tid = tid_, lane = tid_ % kWarpSize;  // refreshed by opaque() every step
+  auto load_k = [&](int n_block) {
+    const int n0 = n_block * kBN;
+    load_tile_async<kBN, kD, kThreads>(s_k, k + int64_t(n0) * p.k_stride.row, p.k_stride.row,
+                                       mask.tk - n0, tid);
+  };
+  auto load_v = [&](int n_block) {
+    const int n0 = n_block * kBN;
+    load_tile_async<kBN, kD, kThreads>(s_v, v + int64_t(n0) * p.v_stride.row, p.v_stride.row,
+                                       mask.tk - n0, tid);
+  };
+
+  load_tile_async<kBM, kD, kThreads>(s_q, q, p.q_stride.row, rows, tid);
+  if (range.last >= range.first) load_k(range.last);
+  cp_async_commit();
+
+  float acc_o[kMT][kDT][4] = {};
+  OnlineSoftmax<kMT> softmax(p.score.mult);
+
+  for (int n_block = range.last; n_block >= range.first; --n_block) {
+    const int n0 = n_block * kBN;
+    tid = opaque(tid_);
+    lane = opaque(tid_ % kWarpSize);
+    cp_async_wait<0>();
+    __syncthreads();
+    load_v(n_block);
+    cp_async_commit();
+
+    float s[kMT][kNT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kStepsQK; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) load_a<QTile>(a[mt], s_q, row_w + mt * kMmaM, kk, lane);
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t bk[4];
+        load_b<KVTile>(bk, s_k, np * 2 * kMmaN, kk, lane);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<Elem>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_16816<Elem>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+    if constexpr (kSoftcap) apply_softcap(s, p.score.pre);
+    if (!mask.fully_kept(m0, kBM, n0, kBN))
+      mask.apply</*kRowsAreKeys=*/false>(s, m0 + row_w, n0, lane, -INFINITY);
+
+    cp_async_wait<0>();
+    __syncthreads();
+    if (n_block > range.first) load_k(n_block - 1);
+    cp_async_commit();
+
+    softmax.update(s, acc_o);
+
+#pragma unroll
+    for (int kk = 0; kk < kStepsPV; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) acc_to_a<Elem>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        uint32_t bv[4];
+        load_b_trans<KVTile>(bv, s_v, dp * 2 * kMmaN, kk, lane);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<Elem>(acc_o[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma_16816<Elem>(acc_o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  float lse[2 * kMT];
+  softmax.finalize(acc_o, lse);
+  tid = tid_;
+  lane = tid_ % kWarpSize;
+
+  // Epilogue: O through shared memory (the Q tile's space) to whole-chunk stores.
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+      store_acc_frag<QTile, Elem>(smem, acc_o[mt][dt], row_w + mt * kMmaM, dt * kMmaN, 1.0f, lane);
+  __syncthreads();
+  Elem* o = static_cast<Elem*>(p.o) + b * p.o_stride.batch + int64_t(m0) * p.o_stride.row +
+            h * p.o_stride.head;
+  store_tile<kBM, kD, kThreads>(smem, o, p.o_stride.row, rows, tid);
+
+  if (p.lse != nullptr && lane % 4 == 0) {
+    float* lse_row = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride;
+#pragma unroll
+    for (int r = 0; r < 2 * kMT; ++r) {
+      const int row = m0 + row_w + (r / 2) * kMmaM + (r % 2) * kFragRowHalf + frag_row(lane);
+      if (row < mask.tq) lse_row[row] = lse[r];
+    }
+  }
+}
+
+}  // namespace gqattn::flash

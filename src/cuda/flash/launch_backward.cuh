@@ -1,0 +1,65 @@
+// cuda-flash: the backward launcher template: the preprocessing kernel
+// (lse2, D), then the dK/dV kernel (one CTA per key tile, kv head, batch),
+// then the dQ kernel (one CTA per query tile, head, batch), all on the
+// caller's stream, 1-D grids. Instantiated per head dimension by
+// launch_backward_d*.cu. Checked through tests/gpu/test_flash_*.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/flash/backward_dkdv_kernel.cuh"
+#include "cuda/flash/backward_dq_kernel.cuh"
+#include "cuda/flash/backward_preprocess.cuh"
+#include "cuda/flash/launchers.hpp"
+
+namespace gqattn::flash {
+
+template <int kD, typename Elem, bool kSoftcap>
+void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
+  {
+    const int blocks = int(preprocess_blocks(p.B, p.H, p.tq_padded));
+    backward_preprocess_kernel<kD, Elem><<<blocks, kPreprocessThreads, 0, stream>>>(p);
+    cuda::check_launch("cuda-flash backward_preprocess_kernel");
+  }
+  {
+    using Tile = DkdvTile<kD>;
+    constexpr int kThreads = Tile::kWarpsN * Tile::kWarpsD * kWarpSize;
+    constexpr int kSmem = int(dkdv_smem_bytes<kD>());
+    const int blocks = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk));
+    auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap>;
+    GQATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    kernel<<<blocks, kThreads, kSmem, stream>>>(p);
+    cuda::check_launch("cuda-flash backward_dkdv_kernel");
+  }
+  {
+    using Tile = DqTile<kD>;
+    constexpr int kThreads = Tile::kWarps * kWarpSize;
+    constexpr int kSmem = int(dq_smem_bytes<kD>());
+    const int blocks = int(dq_blocks(kD, p.B, p.H, p.mask.tq));
+    auto kernel = backward_dq_kernel<kD, Elem, kSoftcap>;
+    GQATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    kernel<<<blocks, kThreads, kSmem, stream>>>(p);
+    cuda::check_launch("cuda-flash backward_dq_kernel");
+  }
+}
+
+template <int kD>
+void launch_backward(const BackwardParams& p, ElemType elem, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (elem == ElemType::bf16) {
+    if (p.score.softcap)
+      launch_backward_typed<kD, __nv_bfloat16, true>(p, s);
+    else
+      launch_backward_typed<kD, __nv_bfloat16, false>(p, s);
+  } else {
+    if (p.score.softcap)
+      launch_backward_typed<kD, __half, true>(p, s);
+    else
+      launch_backward_typed<kD, __half, false>(p, s);
+  }
+}
+
+}  // namespace gqattn::flash

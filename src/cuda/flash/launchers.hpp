@@ -1,0 +1,35 @@
+// cuda-flash: the launchers the backend calls, one per head dimension,
+// explicitly instantiated for d in {64, 128, 256} only (launch_*_d*.cu), so
+// each head dimension compiles in its own translation unit. `stream` is a
+// cudaStream_t. Checked through tests/gpu/test_flash_*.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash/params.hpp"
+
+namespace gqattn::flash {
+
+// o, lse (if non-null) from q, k, v.
+template <int kD>
+void launch_forward(const ForwardParams& params, ElemType elem, void* stream);
+
+// dq, dk, dv; params.lse2 / dsum must point at a workspace of
+// 2 * B * H * tq_padded floats' worth (see BackwardParams).
+template <int kD>
+void launch_backward(const BackwardParams& params, ElemType elem, void* stream);
+
+extern template void launch_forward<64>(const ForwardParams&, ElemType, void*);
+extern template void launch_forward<128>(const ForwardParams&, ElemType, void*);
+extern template void launch_forward<256>(const ForwardParams&, ElemType, void*);
+extern template void launch_backward<64>(const BackwardParams&, ElemType, void*);
+extern template void launch_backward<128>(const BackwardParams&, ElemType, void*);
+extern template void launch_backward<256>(const BackwardParams&, ElemType, void*);
+
+// Grid sizes the launchers use (the backend checks them against the limits).
+int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq);
+int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk);
+int64_t dq_blocks(int d, int64_t B, int64_t H, int64_t Tq);
+int64_t preprocess_blocks(int64_t B, int64_t H, int64_t tq_padded);
+
+}  // namespace gqattn::flash

@@ -1,0 +1,122 @@
+// cuda-flash: the one mask policy of the fused kernels (bounds, causal
+// bottom-right aligned, sliding window) and the logit soft-cap. It answers
+// both "which tiles does this query (or key) tile visit, and which of them
+// need element masking" and "mask this tile"; tiles it skips are never
+// loaded, tiles it calls fully kept are never masked. Checked against the f64
+// oracle through tests/gpu/test_flash_*.cpp (causal, windows 1/64/>=T,
+// Tq != Tk both ways, rows with no kept key, softcap with large logits).
+//
+// Semantics (DESIGN §1): off = Tk - Tq; key j is kept for query i iff
+// 0 <= i < Tq, 0 <= j < Tk, (!causal or j <= i + off) and
+// (window == 0 or j >= i + off - window + 1). Indices are int: the backend
+// refuses Tq, Tk >= 2^30, so i + off, j - off + window stay in range.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/flash/mma.cuh"
+#include "cuda/flash/params.hpp"
+
+namespace gqattn::flash {
+
+struct BlockRange {
+  int first = 0;
+  int last = -1;  // inclusive; last < first: nothing to visit
+};
+
+struct MaskPolicy {
+  int tq, tk, off, window;
+  bool causal;
+
+  __device__ explicit MaskPolicy(const MaskArgs& m)
+      : tq(m.tq), tk(m.tk), off(m.tk - m.tq), window(m.window), causal(m.causal) {}
+
+  // Kept keys of query i are [key_lo(i), key_hi(i)]; both nondecreasing in i.
+  __device__ __forceinline__ int key_lo(int i) const {
+    return window > 0 ? max(0, i + off - window + 1) : 0;
+  }
+  __device__ __forceinline__ int key_hi(int i) const {
+    return causal ? min(tk - 1, i + off) : tk - 1;
+  }
+  // Queries that keep key j are [query_lo(j), query_hi(j)].
+  __device__ __forceinline__ int query_lo(int j) const { return causal ? max(0, j - off) : 0; }
+  __device__ __forceinline__ int query_hi(int j) const {
+    return window > 0 ? min(tq - 1, j - off + window - 1) : tq - 1;
+  }
+
+  // Key blocks of size bn that query rows [m0, m0 + rows) visit.
+  __device__ BlockRange key_blocks(int m0, int rows, int bn) const {
+    const int lo = key_lo(m0), hi = key_hi(m0 + rows - 1);
+    if (hi < lo) return {};
+    return {lo / bn, hi / bn};
+  }
+  // Query blocks of size bm that keys [n0, n0 + cols) are visited by.
+  __device__ BlockRange query_blocks(int n0, int cols, int bm) const {
+    const int lo = query_lo(n0), hi = query_hi(n0 + cols - 1);
+    if (hi < lo) return {};
+    return {lo / bm, hi / bm};
+  }
+
+  // True when every (i, j) of the full bm x bn tile at (m0, n0) is kept, so
+  // the tile needs no element masking. Tiles that cross Tq or Tk never are.
+  __device__ bool fully_kept(int m0, int bm, int n0, int bn) const {
+    if (m0 + bm > tq || n0 + bn > tk) return false;
+    if (causal && n0 + bn - 1 > m0 + off) return false;
+    if (window > 0 && n0 < m0 + bm - 1 + off - window + 1) return false;
+    return true;
+  }
+
+  // Sets every masked element of a warp's accumulator tiles to `fill` (-inf
+  // on scores before the softmax, 0 on probabilities in the backward).
+  // acc[mt][nt] is the C fragment of rows row0 + 16 mt.., columns col0 + 8 nt..
+  // kRowsAreKeys: rows index keys and columns queries (the transposed S^T of
+  // the dK/dV kernel); otherwise rows are queries.
+  template <bool kRowsAreKeys, int kMT, int kNT>
+  __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int row0, int col0, int lane,
+                                        float fill) const {
+    // Branch-free: per row the kept columns are one interval [lo, hi].
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + mt * kMmaM + frag_row(lane) + half * kFragRowHalf;
+        int lo, hi;
+        if (kRowsAreKeys) {  // row = key j, columns = queries i
+          lo = query_lo(row);
+          hi = row < tk ? query_hi(row) : -1;
+        } else {  // row = query i, columns = keys j
+          lo = key_lo(row);
+          hi = row < tq ? key_hi(row) : -1;
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = col0 + nt * kMmaN + frag_col(lane) + e;
+            float& x = acc[mt][nt][2 * half + e];
+            x = (col >= lo) & (col <= hi) ? x : fill;
+          }
+      }
+  }
+};
+
+// tanh(x) = 1 - 2 / (e^{2x} + 1) on the special function unit: absolute
+// error about 1e-7 (the accuracy the logits need; tanh.approx's 2^-11 would
+// not pass the bf16 tolerance with cap 30), exact +-1 at the extremes.
+__device__ __forceinline__ float softcap_tanh(float x) {
+  constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
+  return 1.0f - __fdividef(2.0f, fast_exp2(x * kTwoLog2e) + 1.0f);
+}
+
+// v = tanh(s * pre) on every element (ScoreArgs: the capped logit is cap * v).
+template <int kMT, int kNT>
+__device__ __forceinline__ void apply_softcap(float (&acc)[kMT][kNT][4], float pre) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = softcap_tanh(acc[mt][nt][e] * pre);
+}
+
+}  // namespace gqattn::flash

@@ -1,0 +1,81 @@
+// cuda-flash: the plain-data arguments the host side (flash_backend.cpp)
+// hands to the kernel launchers (launch_*.cu). No CUDA types here, so the
+// backend compiles with the host compiler. Checked through the kernels'
+// tests (tests/gpu/test_flash_*.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace gqattn::flash {
+
+enum class ElemType { bf16, f16 };
+
+// Strides in elements of a [B, T, heads, d] tensor (the d stride is 1).
+struct RowStrides {
+  int64_t batch = 0;
+  int64_t row = 0;
+  int64_t head = 0;
+};
+
+// The mask, already normalised: window == 0 means none, and a window that
+// covers every key (window >= Tk) is passed as 0.
+struct MaskArgs {
+  int tq = 0;
+  int tk = 0;
+  int window = 0;
+  bool causal = false;
+};
+
+// How a raw dot product q.k becomes the exponent of exp2:
+//   no softcap: v = q.k,                     exponent = v * mult, mult = scale * log2(e)
+//   softcap:    v = tanh(q.k * scale / cap), exponent = v * mult, mult = cap * log2(e)
+struct ScoreArgs {
+  bool softcap = false;
+  float pre = 0.0f;    // scale / cap (softcap only)
+  float mult = 0.0f;   // see above
+  float scale = 0.0f;  // the softmax scale (dq, dk get it in backward)
+};
+
+struct ForwardParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // may be null: then lse is not written
+  RowStrides q_stride, k_stride, v_stride, o_stride;
+  int64_t lse_batch_stride = 0;
+  int64_t lse_head_stride = 0;
+  int B = 0, H = 0, Hkv = 0;
+  MaskArgs mask;
+  ScoreArgs score;
+};
+
+struct BackwardParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* o = nullptr;
+  const float* lse = nullptr;
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  RowStrides q_stride, k_stride, v_stride, o_stride, do_stride, dq_stride, dk_stride, dv_stride;
+  int64_t lse_batch_stride = 0;
+  int64_t lse_head_stride = 0;
+  int B = 0, H = 0, Hkv = 0;
+  MaskArgs mask;
+  ScoreArgs score;
+  // Workspace [B*H, tq_padded] f32, written by the preprocessing kernel:
+  // lse2 = lse * log2(e) (+inf for a row with no kept key or past Tq, so that
+  // every P of that row is 0) and dsum = D = rowsum(do * o) (0 past Tq).
+  float* lse2 = nullptr;
+  float* dsum = nullptr;
+  int tq_padded = 0;
+};
+
+// Launchers (launch_forward.cu, launch_backward.cu). `stream` is a cudaStream_t.
+void run_forward(const ForwardParams& params, ElemType elem, int d, void* stream);
+void run_backward(const BackwardParams& params, ElemType elem, int d, void* stream);
+
+}  // namespace gqattn::flash

@@ -1,0 +1,93 @@
+// cuda-flash: the forward's online softmax over key tiles, in the exp2
+// domain (see ScoreArgs in params.hpp: p = 2^(v * mult - m * mult)). Each
+// thread owns two rows (g and g+8) of each of its warp's m16 tiles; row
+// maxima are reduced over the quad at every tile, row sums only at the end.
+// Checked against the f64 oracle through tests/gpu/test_flash_*.cpp (large
+// rows, softcap, rows with no kept key).
+//
+// Invariants: a row whose every element so far was masked has max -inf; the
+// exponent offset then uses 0 instead (never -inf - -inf), so its p are 0,
+// its sum stays 0, and finalize() gives o = 0 and lse = -inf.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/flash/mma.cuh"
+
+namespace gqattn::flash {
+
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int kMT>
+struct OnlineSoftmax {
+  static constexpr int kRows = 2 * kMT;  // rows per thread
+  float row_max[kRows];                  // in units of v (before * mult)
+  float row_sum[kRows];                  // this thread's partial sums of p
+  float mult;
+
+  __device__ explicit OnlineSoftmax(float mult_) : mult(mult_) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.0f;
+    }
+  }
+
+  // s: this tile's scores (v, masked to -inf), replaced by p. o: the output
+  // accumulator, rescaled to the new row maxima.
+  template <int kNT, int kDT>
+  __device__ __forceinline__ void update(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        float mx = row_max[r];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+        mx = quad_max(mx);
+        const float offset = (mx == -INFINITY ? 0.0f : mx) * mult;
+        const float alpha = fast_exp2(row_max[r] * mult - offset);  // 0 on the first kept tile
+        row_max[r] = mx;
+        float sum = row_sum[r] * alpha;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 2 * half; e < 2 * half + 2; ++e) {
+            const float p = fast_exp2(fmaf(s[mt][nt][e], mult, -offset));
+            s[mt][nt][e] = p;
+            sum += p;
+          }
+        row_sum[r] = sum;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[mt][dt][2 * half] *= alpha;
+          o[mt][dt][2 * half + 1] *= alpha;
+        }
+      }
+  }
+
+  // Normalises o by the row sums; returns each row's lse (natural log) in
+  // lse[r] (-inf for a row with no kept key, whose o becomes 0).
+  template <int kDT>
+  __device__ __forceinline__ void finalize(float (&o)[kMT][kDT][4], float (&lse)[kRows]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        const float sum = quad_sum(row_sum[r]);
+        const bool any = sum > 0.0f;
+        const float inv = any ? 1.0f / sum : 0.0f;
+        lse[r] = any ? (row_max[r] * mult + log2f(sum)) * kLn2 : -INFINITY;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[mt][dt][2 * half] *= inv;
+          o[mt][dt][2 * half + 1] *= inv;
+        }
+      }
+  }
+};
+
+}  // namespace gqattn::flash

@@ -1,0 +1,149 @@
+// cuda-flash: moving [rows x d] tiles of 16-bit elements between global and
+// shared memory (cp.async, 16-byte chunks, zero fill past the end), the
+// XOR-swizzled shared layout, and the ldmatrix address patterns that load
+// mma fragments from it. Checked through the kernels' tests against the f64
+// oracle (tests/gpu/test_flash_*.cpp), including T not a multiple of a tile.
+//
+// Layout invariant: a tile is row-major with rows of kCols 16-bit elements;
+// each row is split into 16-byte chunks and chunk c of row r is stored at
+// chunk position c ^ (r % 8). ldmatrix reads 8 rows at one logical chunk:
+// after the swizzle those are 8 distinct 16-byte bank groups (rows are a
+// multiple of 128 bytes), so loads and the 16-byte cp.async stores are free of
+// bank conflicts.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash/mma.cuh"
+
+namespace gqattn::flash {
+
+constexpr int kChunkBytes = 16;  // one cp.async / one ldmatrix row
+constexpr int kElemsPerChunk = 8;
+constexpr int kSwizzleRows = 8;  // rows after which the XOR pattern repeats
+
+template <int kRows, int kCols>
+struct SmemTile {
+  static constexpr int kRowBytes = kCols * 2;
+  static constexpr int kChunksPerRow = kCols / kElemsPerChunk;
+  static constexpr int kBytes = kRows * kRowBytes;
+  static_assert(kRowBytes % (kSwizzleRows * kChunkBytes) == 0,
+                "rows must span whole 128-byte swizzle atoms");
+  static_assert(kRows % kSwizzleRows == 0, "rows must be a multiple of the swizzle period");
+
+  // Byte offset of chunk `chunk` of row `row`.
+  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+    return uint32_t(row * kRowBytes + ((chunk ^ (row % kSwizzleRows)) * kChunkBytes));
+  }
+  // Byte offset of element (row, col).
+  __device__ __forceinline__ static uint32_t elem_offset(int row, int col) {
+    return offset(row, col / kElemsPerChunk) + uint32_t((col % kElemsPerChunk) * 2);
+  }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (then
+// nothing is read from `src`).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? kChunkBytes : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Issues the loads of a [kRows x kCols] tile whose row r starts at
+// gmem + r * row_stride (elements); rows >= rows_valid are zero-filled.
+template <int kRows, int kCols, int kThreads, typename Elem>
+__device__ __forceinline__ void load_tile_async(uint32_t smem, const Elem* gmem, int64_t row_stride,
+                                                int rows_valid, int tid) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kChunks = kRows * Tile::kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "tile chunks must divide evenly over the threads");
+#pragma unroll
+  for (int it = 0; it < kChunks / kThreads; ++it) {
+    const int c = it * kThreads + tid;
+    const int row = c / Tile::kChunksPerRow;
+    const int chunk = c % Tile::kChunksPerRow;
+    const bool valid = row < rows_valid;
+    const Elem* src = valid ? gmem + row * row_stride + chunk * kElemsPerChunk : gmem;
+    cp_async_16(smem + Tile::offset(row, chunk), src, valid);
+  }
+}
+
+// Copies a [kRows x kCols] tile from shared memory to global rows
+// gmem + r * row_stride, for r < rows_valid, 16 bytes per store.
+template <int kRows, int kCols, int kThreads, typename Elem>
+__device__ __forceinline__ void store_tile(const unsigned char* smem, Elem* gmem,
+                                           int64_t row_stride, int rows_valid, int tid) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kChunks = kRows * Tile::kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "tile chunks must divide evenly over the threads");
+#pragma unroll
+  for (int it = 0; it < kChunks / kThreads; ++it) {
+    const int c = it * kThreads + tid;
+    const int row = c / Tile::kChunksPerRow;
+    const int chunk = c % Tile::kChunksPerRow;
+    if (row < rows_valid) {
+      const uint4 value = *reinterpret_cast<const uint4*>(smem + Tile::offset(row, chunk));
+      *reinterpret_cast<uint4*>(gmem + row * row_stride + chunk * kElemsPerChunk) = value;
+    }
+  }
+}
+
+// Writes one C fragment (16 x 8, f32) of the warp into a shared tile as
+// 16-bit values, rows row0.., columns col0.., optionally scaled.
+template <typename Tile, typename Elem>
+__device__ __forceinline__ void store_acc_frag(unsigned char* smem, const float (&c)[4], int row0,
+                                               int col0, float scale, int lane) {
+  const int row = row0 + frag_row(lane);
+  const int col = col0 + frag_col(lane);
+  *reinterpret_cast<uint32_t*>(smem + Tile::elem_offset(row, col)) =
+      pack2<Elem>(c[0] * scale, c[1] * scale);
+  *reinterpret_cast<uint32_t*>(smem + Tile::elem_offset(row + kFragRowHalf, col)) =
+      pack2<Elem>(c[2] * scale, c[3] * scale);
+}
+
+// ---- fragment loads (see mma.cuh for the register layouts) ------------------
+
+// A fragment (16 rows x k16) at rows row0..row0+15, k-step kk, of a tile
+// stored [row][k].
+template <typename Tile>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0, int kk,
+                                       int lane) {
+  const int row = row0 + (lane & 15);
+  const int chunk = kk * 2 + (lane >> 4);
+  ldsm_x4(a, tile + Tile::offset(row, chunk));
+}
+
+// B fragments of two n8 tiles (n = n0..n0+15) at k-step kk, from a tile
+// stored [n][k] (K in S = Q K^T). b[0], b[1]: n-tile n0; b[2], b[3]: n0 + 8.
+template <typename Tile>
+__device__ __forceinline__ void load_b(uint32_t (&b)[4], uint32_t tile, int n0, int kk, int lane) {
+  const int row = n0 + (lane & 7) + ((lane >> 4) << 3);
+  const int chunk = kk * 2 + ((lane >> 3) & 1);
+  ldsm_x4(b, tile + Tile::offset(row, chunk));
+}
+
+// B fragments of two n8 tiles (n = n0..n0+15, n0 a multiple of 16) at
+// k-step kk, from a tile stored [k][n] (V in O = P V), via ldmatrix.trans.
+// b[0], b[1]: n-tile n0; b[2], b[3]: n0 + 8.
+template <typename Tile>
+__device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], uint32_t tile, int n0, int kk,
+                                             int lane) {
+  const int row = kk * kMmaK + (lane & 7) + (((lane >> 3) & 1) << 3);
+  const int chunk = n0 / kElemsPerChunk + (lane >> 4);
+  ldsm_x4_trans(b, tile + Tile::offset(row, chunk));
+}
+
+}  // namespace gqattn::flash

@@ -1,0 +1,135 @@
+// cuda-flash against the f64 oracle through gqattn::check (tolerances of
+// DESIGN §4, NaN-poisoned outputs, determinism by rerunning and comparing
+// bits): the shapes that break kernels — T = 1, T not a multiple of any
+// tile, Tq != Tk both ways, d 64/128/256, Hkv = 1, Hkv = H, H/Hkv = 4,
+// windows 1, 64 and >= T, softcap with large logits, rows with no kept key,
+// bf16 and f16, padded strides. Every case skips, saying why, where
+// cuda-flash cannot run (no usable device, or too little shared memory).
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "gqattn/attention.hpp"
+#include "gqattn/check.hpp"
+#include "gqattn/dtype.hpp"
+
+namespace {
+
+using gqattn::Backend;
+using gqattn::Device;
+using gqattn::DType;
+using gqattn::Problem;
+
+constexpr uint64_t kSeed = 20261201;
+
+struct FlashCase {
+  std::string name;
+  Problem problem;
+  DType dtype = DType::bf16;
+  bool padded = false;
+};
+
+std::ostream& operator<<(std::ostream& os, const FlashCase& c) { return os << c.name; }
+
+FlashCase make(const std::string& name, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
+               int64_t d, bool causal, int64_t window = 0, float softcap = 0.0f,
+               DType dtype = DType::bf16, bool padded = false) {
+  FlashCase c;
+  c.name = name;
+  c.problem.B = B;
+  c.problem.Tq = Tq;
+  c.problem.Tk = Tk;
+  c.problem.H = H;
+  c.problem.Hkv = Hkv;
+  c.problem.d = d;
+  c.problem.causal = causal;
+  c.problem.window = window;
+  c.problem.softcap = softcap;
+  c.dtype = dtype;
+  c.padded = padded;
+  return c;
+}
+
+// Softcap cases with scale 1 instead of 1/sqrt(d): logits of a few hundred,
+// far into tanh's saturation.
+FlashCase large_logits(FlashCase c) {
+  c.problem.scale = 1.0f;
+  return c;
+}
+
+std::vector<FlashCase> cases() {
+  const DType f16 = DType::f16;
+  return {
+      make("T1_d64", 1, 1, 1, 2, 1, 64, false),
+      make("T1_causal_d128", 2, 1, 1, 2, 2, 128, true),
+      make("T37_causal_d64_gqa2", 1, 37, 37, 4, 2, 64, true),
+      make("T200_d128_mha", 1, 200, 200, 4, 4, 128, false),
+      make("T130_causal_d256_mqa", 1, 130, 130, 4, 1, 256, true),
+      make("Tq37_Tk200_causal_d128", 1, 37, 200, 2, 1, 128, true),
+      make("Tq200_Tk37_causal_d64_empty_rows", 1, 200, 37, 2, 2, 64, true),
+      make("Tq150_Tk20_causal_d256_empty_rows", 1, 150, 20, 2, 1, 256, true),
+      make("Tq90_Tk300_d64", 2, 90, 300, 2, 2, 64, false),
+      make("T150_d64_mqa8", 1, 150, 150, 8, 1, 64, false),
+      make("T257_causal_d128_gqa4", 1, 257, 257, 8, 2, 128, true),
+      make("T100_causal_window1_d64", 1, 100, 100, 2, 1, 64, true, 1),
+      make("T200_causal_window_ge_T_d128", 1, 200, 200, 2, 2, 128, true, 500),
+      make("T300_window64_d128", 1, 300, 300, 2, 1, 128, false, 64),
+      make("T190_causal_window64_d256", 1, 190, 190, 2, 2, 256, true, 64),
+      make("Tq70_Tk180_causal_window40_d64", 1, 70, 180, 4, 2, 64, true, 40),
+      make("Tq180_Tk70_causal_window40_d128", 1, 180, 70, 2, 1, 128, true, 40),
+      large_logits(make("T160_causal_softcap30_d128", 1, 160, 160, 4, 2, 128, true, 0, 30.0f)),
+      large_logits(make("T96_softcap30_d64", 2, 96, 96, 2, 1, 64, false, 0, 30.0f)),
+      large_logits(
+          make("Tq100_Tk140_causal_w32_softcap50_d256", 1, 100, 140, 2, 1, 256, true, 32, 50.0f)),
+      make("T129_causal_d64_f16", 1, 129, 129, 4, 2, 64, true, 0, 0.0f, f16),
+      make("T200_window64_d128_f16", 1, 200, 200, 2, 1, 128, true, 64, 0.0f, f16),
+      make("T70_d256_f16", 1, 70, 70, 2, 2, 256, false, 0, 0.0f, f16),
+      large_logits(
+          make("T120_causal_softcap30_d128_f16", 1, 120, 120, 2, 1, 128, true, 0, 30.0f, f16)),
+      make("T100_causal_d128_padded", 2, 100, 100, 4, 2, 128, true, 0, 0.0f, DType::bf16, true),
+      make("Tq60_Tk90_d64_f16_padded", 1, 60, 90, 2, 1, 64, false, 0, 0.0f, f16, true),
+      make("T80_causal_w16_d256_padded", 1, 80, 80, 2, 1, 256, true, 16, 0.0f, DType::bf16, true),
+      make("B5_H6_T65_causal_d64", 5, 65, 65, 6, 3, 64, true),
+  };
+}
+
+std::string describe(const gqattn::check::Report& r) {
+  std::string out = "backend ran=" + std::to_string(r.ran) +
+                    " deterministic=" + std::to_string(r.deterministic) +
+                    (r.skipped.empty() ? "" : " skipped: " + r.skipped);
+  for (const auto& m : r.metrics)
+    out += "\n  " + m.name + ": error " + std::to_string(m.error) + " tolerance " +
+           std::to_string(m.tolerance) + (m.pass ? " ok" : " FAIL") +
+           (m.note.empty() ? "" : " (" + m.note + ")");
+  return out;
+}
+
+class FlashVsOracle : public ::testing::TestWithParam<FlashCase> {};
+
+TEST_P(FlashVsOracle, ForwardAndBackward) {
+  const FlashCase& c = GetParam();
+  const gqattn::Explanation why =
+      gqattn::explain(c.problem, c.dtype, Device::cuda, Backend::CudaFlash);
+  if (!why.supported) GTEST_SKIP() << why.reason;
+
+  gqattn::check::Config config;
+  config.problem = c.problem;
+  config.dtype = c.dtype;
+  config.backend = Backend::CudaFlash;
+  config.seed = kSeed;
+  config.backward = true;
+  config.determinism = true;
+  config.padded_strides = c.padded;
+  const gqattn::check::Report report = gqattn::check::run(config);
+  EXPECT_TRUE(report.ran) << report.skipped;
+  EXPECT_EQ(report.backend, Backend::CudaFlash);
+  EXPECT_TRUE(report.pass) << describe(report);
+}
+
+std::string case_name(const ::testing::TestParamInfo<FlashCase>& param) { return param.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashVsOracle, ::testing::ValuesIn(cases()), case_name);
+
+}  // namespace
