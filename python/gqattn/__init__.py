@@ -1,0 +1,102 @@
+"""gqattn: exact attention with grouped-query heads (GQA), causal and
+sliding-window masks and logit soft-capping, forward and backward, on the CPU
+and NVIDIA GPUs.
+
+This module is the low-level API: ``forward`` / ``backward`` write into
+arrays you provide (any DLPack array: numpy on the CPU, torch or cupy on
+CUDA), zero-copy. For PyTorch autograd and torch.compile use
+``gqattn.torch.attention`` (or ``gqattn.torch.flash_attn_func``).
+
+Layouts (last dimension contiguous, other strides free)::
+
+    q, o, do, dq : [B, Tq, H, d]      float32, bfloat16 or float16
+    k, v, dk, dv : [B, Tk, Hkv, d]    the dtype of q; H % Hkv == 0
+    lse          : [B, H, Tq]         float32 (natural log)
+
+Checked by python/tests/ (pytest).
+"""
+
+from . import _ext
+from ._ext import Error, backend_status, backward, build_info, cuda_devices, forward
+
+__all__ = [
+    "Error",
+    "forward",
+    "backward",
+    "explain",
+    "backend_status",
+    "build_info",
+    "cuda_devices",
+    "oracle_forward",
+    "oracle_backward",
+    "__version__",
+]
+
+# One source for the version: the C++ library's (CMakeLists.txt project()).
+__version__ = _ext.build_info()["version"]
+
+
+def _dtype_name(dtype):
+    # Accepts "bfloat16", numpy dtypes (np.float32, np.dtype("float32")) and
+    # torch dtypes (whose str() is "torch.float32") alike.
+    if isinstance(dtype, str):
+        return dtype
+    name = getattr(dtype, "__name__", None) or str(dtype)  # np.float32 is a class
+    return name[len("torch."):] if name.startswith("torch.") else name
+
+
+def explain(B, Tq, Tk, H, Hkv, d, *, causal=False, window=0, softcap=0.0, scale=None,
+            dtype="bfloat16", device="cuda", backend="auto"):
+    """Whether ``backend`` can run this problem, without running it.
+
+    Returns ``{"supported": bool, "chosen": backend name, "reason": str}``;
+    for ``backend="auto"``, ``chosen`` is the backend Auto would pick and
+    ``reason`` says, per backend, why the faster ones would not run.
+    ``dtype`` may be a name ("bfloat16"), a numpy or a torch dtype.
+    """
+    return _ext.explain(B, Tq, Tk, H, Hkv, d, causal=causal, window=window, softcap=softcap,
+                        scale=scale, dtype=_dtype_name(dtype), device=str(device),
+                        backend=backend)
+
+
+def oracle_forward(q, k, v, *, causal=False, window=0, softcap=0.0, scale=None):
+    """The f64 reference oracle's forward: returns ``(o, lse)`` as float64 numpy arrays.
+
+    Inputs are converted to float64 numpy arrays. The oracle is plain loops
+    (slow): it is meant for tests and gradient checks, not for work.
+    """
+    import numpy as np
+
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    o = np.empty(q.shape, dtype=np.float64)
+    lse = np.empty((q.shape[0], q.shape[2], q.shape[1]) if q.ndim == 4 else (0,),
+                   dtype=np.float64)
+    _ext.oracle_forward(q, k, v, o, lse, causal=causal, window=window, softcap=softcap,
+                        scale=scale)
+    return o, lse
+
+
+def oracle_backward(q, k, v, do, *, causal=False, window=0, softcap=0.0, scale=None):
+    """The f64 reference oracle's gradients: returns ``(dq, dk, dv)`` as float64 numpy arrays.
+
+    It recomputes the forward itself (D = do . o with the oracle's own o).
+    """
+    import numpy as np
+
+    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))
+    dq = np.empty(q.shape, dtype=np.float64)
+    dk = np.empty(k.shape, dtype=np.float64)
+    dv = np.empty(k.shape, dtype=np.float64)
+    _ext.oracle_backward(q, k, v, do, dq, dk, dv, causal=causal, window=window,
+                         softcap=softcap, scale=scale)
+    return dq, dk, dv
+
+
+def __getattr__(name):
+    # `gqattn.torch` without importing it first; torch stays optional and
+    # `import gqattn` stays fast for users who never touch it.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'gqattn' has no attribute {name!r}")
