@@ -161,6 +161,8 @@ void print_report(const gqattn::check::Report& r) {
   for (const auto& m : r.metrics)
     std::printf("%-13s %-4s %10.2e %10.2e  %s%s%s\n", name, m.name.c_str(), m.error, m.tolerance,
                 m.pass ? "pass" : "FAIL", m.note.empty() ? "" : "  ", m.note.c_str());
+  if (!r.backward_skipped.empty())
+    std::printf("%-13s backward skipped: %s\n", name, r.backward_skipped.c_str());
   std::printf("%-13s %s, %s, forward %.2f ms, backward %.2f ms\n\n", name, r.pass ? "PASS" : "FAIL",
               r.deterministic ? "deterministic" : "NOT deterministic", r.forward_ms, r.backward_ms);
 }

@@ -25,14 +25,15 @@ void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, co
               const TensorRef& o, const TensorRef& lse, const TensorRef& dout, const TensorRef& dq,
               const TensorRef& dk, const TensorRef& dv, const Options& options = {});
 
-// Whether `backend` can run `problem` with tensors of `dtype` on `device`.
-// For Backend::Auto, `chosen` names the backend Auto would pick.
+// Whether `backend` can run `pass` of `problem` with tensors of `dtype` on
+// `device`. For Backend::Auto, `chosen` names the backend Auto would pick.
 struct Explanation {
   bool supported = false;
   Backend chosen = Backend::Auto;
   std::string reason;  // empty when supported; otherwise why not (per backend for Auto)
 };
-Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend);
+Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend,
+                    Pass pass = Pass::forward);
 
 const char* backend_name(Backend backend);  // "cpu", "cuda-unfused", ...
 // Parses a backend name as backend_name prints it, or "auto"; throws Error otherwise.

@@ -37,18 +37,22 @@ struct Metric {
   std::string name;    // "o", "lse", "dq", "dk", "dv"
   double error = 0.0;  // max |x - ref| / max |ref|
   double tolerance = 0.0;
-  bool pass = false;
-  std::string note;  // e.g. "NaN at index 17", "unwritten (still poison)"
+  bool pass = false;  // error <= tolerance
+  std::string note;   // e.g. "NaN at index 17", "unwritten (still poison)"
 };
 
 struct Report {
   Backend backend = Backend::Cpu;
   bool ran = false;     // false: the backend refused; see `skipped`
   std::string skipped;  // why it did not run
+  // Why backward did not run while forward did (a forward-only backend).
+  std::string backward_skipped;
   std::vector<Metric> metrics;
   bool deterministic = true;  // when checked: bitwise equal across runs
-  bool pass = false;          // ran, every metric passed, deterministic
-  double forward_ms = 0.0;    // wall time of one call, synchronised
+  // Ran, every metric passed, deterministic. A refused backward (see
+  // backward_skipped) is not a failure: it is reported, not hidden.
+  bool pass = false;
+  double forward_ms = 0.0;  // wall time of one call, synchronised
   double backward_ms = 0.0;
 };
 

@@ -17,6 +17,9 @@ enum class Device { cpu, cuda };
 // problem; an explicit backend that cannot run a problem fails with the reason.
 enum class Backend { Auto, Cpu, CudaUnfused, CudaFlash, CudaHopper };
 
+// A backend may support one pass and not the other (a forward-only backend).
+enum class Pass { forward, backward };
+
 // A view of caller-owned memory. Strides are in elements; the last dimension
 // must be contiguous (stride 1), the others are free.
 //   q, o, do, dq : rank 4, [B, Tq, H, d]

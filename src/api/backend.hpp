@@ -29,11 +29,20 @@ class BackendImpl {
  public:
   virtual ~BackendImpl() = default;
   virtual Backend id() const = 0;
-  // "" when this backend can run the problem, else one line saying why not.
+  // "" when this backend can run the problem's forward, else one line saying why not.
   virtual std::string why_not(const Problem& problem, DType dtype, Device device) const = 0;
-  // Checks that need the actual tensors (pointer residency, alignment beyond
-  // the element's). "" when fine.
-  virtual std::string why_not_tensors(const ForwardArgs&) const { return ""; }
+  // The same for backward; a forward-only backend overrides it.
+  virtual std::string why_not_backward(const Problem& problem, DType dtype, Device device) const {
+    return why_not(problem, dtype, device);
+  }
+  // Checks one argument tensor needs beyond validate.cpp's (residency on the
+  // device, alignment for wide loads). Dispatch asks for every tensor of the
+  // call, lse included when present. "" when fine.
+  virtual std::string why_not_tensor(const TensorRef& tensor, const char* name) const {
+    (void)tensor;
+    (void)name;
+    return "";
+  }
   virtual void forward(const ForwardArgs& args) const = 0;
   virtual void backward(const BackwardArgs& args) const = 0;
 };

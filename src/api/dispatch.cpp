@@ -3,6 +3,7 @@
 // tries the backends fastest first and never falls back silently past an
 // explicit choice.
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -24,12 +25,18 @@ struct Choice {
   std::string reason;  // why nothing was chosen
 };
 
-Choice choose(const Problem& problem, DType dtype, Device device, Backend requested) {
+std::string why_not(const BackendImpl& impl, const Problem& problem, DType dtype, Device device,
+                    Pass pass) {
+  return pass == Pass::forward ? impl.why_not(problem, dtype, device)
+                               : impl.why_not_backward(problem, dtype, device);
+}
+
+Choice choose(const Problem& problem, DType dtype, Device device, Backend requested, Pass pass) {
   Choice choice;
   if (requested != Backend::Auto) {
     std::string reason;
     const BackendImpl* impl = find_backend(requested, &reason);
-    if (impl != nullptr) reason = impl->why_not(problem, dtype, device);
+    if (impl != nullptr) reason = why_not(*impl, problem, dtype, device, pass);
     if (reason.empty()) {
       choice.impl = impl;
     } else {
@@ -40,7 +47,7 @@ Choice choose(const Problem& problem, DType dtype, Device device, Backend reques
   for (Backend candidate : kAutoOrder) {
     std::string reason;
     const BackendImpl* impl = find_backend(candidate, &reason);
-    if (impl != nullptr) reason = impl->why_not(problem, dtype, device);
+    if (impl != nullptr) reason = why_not(*impl, problem, dtype, device, pass);
     if (reason.empty()) {
       choice.impl = impl;
       choice.reason.clear();
@@ -53,10 +60,25 @@ Choice choose(const Problem& problem, DType dtype, Device device, Backend reques
 }
 
 const BackendImpl* choose_or_throw(const Problem& problem, DType dtype, Device device,
-                                   Backend requested) {
-  Choice choice = choose(problem, dtype, device, requested);
+                                   Backend requested, Pass pass) {
+  Choice choice = choose(problem, dtype, device, requested, pass);
   if (choice.impl == nullptr) throw Error("backend", choice.reason);
   return choice.impl;
+}
+
+struct Named {
+  const char* name;
+  const TensorRef* tensor;
+};
+
+// The chosen backend's own per-tensor rules, before anything runs.
+void require_tensors(const BackendImpl& impl, std::initializer_list<Named> tensors) {
+  for (const Named& t : tensors) {
+    if (t.tensor->data == nullptr) continue;  // forward's optional lse
+    const std::string reason = impl.why_not_tensor(*t.tensor, t.name);
+    if (!reason.empty())
+      throw Error("backend", std::string(backend_name(impl.id())) + ": " + reason);
+  }
 }
 
 Problem resolved(const Problem& problem) {
@@ -77,12 +99,10 @@ void forward(const Problem& problem, const TensorRef& q, const TensorRef& k, con
   validate_tensor(problem, Role::v, v, q.dtype, q.device);
   validate_tensor(problem, Role::o, o, q.dtype, q.device);
   validate_tensor(problem, Role::lse, lse, q.dtype, q.device, /*required=*/false);
-  const BackendImpl* impl = choose_or_throw(problem, q.dtype, q.device, options.backend);
-  ForwardArgs args{resolved(problem), q, k, v, o, lse, options};
-  const std::string reason = impl->why_not_tensors(args);
-  if (!reason.empty())
-    throw Error("backend", std::string(backend_name(impl->id())) + ": " + reason);
-  impl->forward(args);
+  const BackendImpl* impl =
+      choose_or_throw(problem, q.dtype, q.device, options.backend, Pass::forward);
+  require_tensors(*impl, {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}});
+  impl->forward(ForwardArgs{resolved(problem), q, k, v, o, lse, options});
 }
 
 void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,
@@ -99,16 +119,22 @@ void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, co
   validate_tensor(problem, Role::dq, dq, q.dtype, q.device);
   validate_tensor(problem, Role::dk, dk, q.dtype, q.device);
   validate_tensor(problem, Role::dv, dv, q.dtype, q.device);
-  const BackendImpl* impl = choose_or_throw(problem, q.dtype, q.device, options.backend);
-  BackwardArgs args{resolved(problem), q, k, v, o, lse, dout, dq, dk, dv, options};
-  ForwardArgs as_forward{args.problem, q, k, v, o, lse, options};
-  const std::string reason = impl->why_not_tensors(as_forward);
-  if (!reason.empty())
-    throw Error("backend", std::string(backend_name(impl->id())) + ": " + reason);
-  impl->backward(args);
+  const BackendImpl* impl =
+      choose_or_throw(problem, q.dtype, q.device, options.backend, Pass::backward);
+  require_tensors(*impl, {{"q", &q},
+                          {"k", &k},
+                          {"v", &v},
+                          {"o", &o},
+                          {"lse", &lse},
+                          {"do", &dout},
+                          {"dq", &dq},
+                          {"dk", &dk},
+                          {"dv", &dv}});
+  impl->backward(BackwardArgs{resolved(problem), q, k, v, o, lse, dout, dq, dk, dv, options});
 }
 
-Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend) {
+Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend,
+                    Pass pass) {
   Explanation out;
   try {
     detail::validate_problem(problem);
@@ -116,7 +142,7 @@ Explanation explain(const Problem& problem, DType dtype, Device device, Backend 
     out.reason = e.argument() + ": " + e.rule();
     return out;
   }
-  detail::Choice choice = detail::choose(problem, dtype, device, backend);
+  detail::Choice choice = detail::choose(problem, dtype, device, backend, pass);
   out.supported = choice.impl != nullptr;
   out.chosen = choice.impl ? choice.impl->id() : backend;
   out.reason = choice.reason;

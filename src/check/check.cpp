@@ -187,17 +187,8 @@ Device device_of(Backend backend) {
 
 }  // namespace
 
-Report run(const Config& c) {
-  Report report;
-  report.backend = c.backend;
-  const Device device = device_of(c.backend);
-  const Explanation why = explain(c.problem, c.dtype, device, c.backend);
-  if (!why.supported) {
-    report.skipped = why.reason;
-    return report;
-  }
-  report.backend = why.chosen;
-
+// The check proper, once run() has settled which passes the backend takes.
+static Report run_checked(const Config& c, Device device, Report report) {
   const Inputs in = make_inputs(c);
   const oracle::ForwardResult fwd =
       oracle::forward(c.problem, widen(in.q), widen(in.k), widen(in.v));
@@ -240,6 +231,28 @@ Report run(const Config& c) {
   }
   report.pass = all_pass && report.deterministic;
   return report;
+}
+
+Report run(const Config& c) {
+  Report report;
+  report.backend = c.backend;
+  const Device device = device_of(c.backend);
+  const Explanation why = explain(c.problem, c.dtype, device, c.backend);
+  if (!why.supported) {
+    report.skipped = why.reason;
+    return report;
+  }
+  report.backend = why.chosen;
+  Config effective = c;
+  if (c.backward) {
+    const Explanation why_backward =
+        explain(c.problem, c.dtype, device, report.backend, Pass::backward);
+    if (!why_backward.supported) {
+      report.backward_skipped = why_backward.reason;
+      effective.backward = false;
+    }
+  }
+  return run_checked(effective, device, report);
 }
 
 }  // namespace gqattn::check

@@ -1,13 +1,11 @@
 // cuda-flash: the BackendImpl of the fused mma.sync kernels (sm80 and up):
-// what it supports (why_not, why_not_tensors), and the translation of
+// what it supports (why_not, why_not_tensor), and the translation of
 // validated TensorRefs into kernel parameters. Checked by
 // tests/gpu/test_flash_*.cpp (every feature against the f64 oracle, the
 // alignment and support messages).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cfloat>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -18,6 +16,7 @@
 #include "cuda/common/device_query.hpp"
 #include "cuda/flash/launchers.hpp"
 #include "cuda/flash/params.hpp"
+#include "cuda/flash/problem_args.hpp"
 #include "cuda/flash/tile_sizes.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
@@ -62,7 +61,6 @@ using flash::ElemType;
 constexpr int64_t kMaxSequence = int64_t{1} << 30;
 constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 constexpr std::size_t kLoadBytes = 16;  // cp.async chunk
-constexpr float kLog2e = 1.4426950408889634f;
 
 bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
@@ -99,31 +97,6 @@ std::string why_not_resident(const TensorRef& t, const char* name) {
 }
 
 flash::RowStrides strides(const TensorRef& t) { return {t.stride[0], t.stride[1], t.stride[2]}; }
-
-flash::MaskArgs mask_args(const Problem& p) {
-  flash::MaskArgs m;
-  m.tq = int(p.Tq);
-  m.tk = int(p.Tk);
-  m.causal = p.causal;
-  // A window that covers every key (j >= i + off - window + 1 holds for all
-  // j >= 0 when window >= Tk) is no window.
-  m.window = p.window >= p.Tk ? 0 : int(p.window);
-  return m;
-}
-
-flash::ScoreArgs score_args(const Problem& p) {
-  flash::ScoreArgs s;
-  s.scale = p.effective_scale();
-  s.softcap = p.softcap > 0.0f;
-  if (s.softcap) {
-    s.pre = s.scale / p.softcap;
-    if (!std::isfinite(s.pre)) s.pre = FLT_MAX;  // a denormal cap: tanh saturates, never 0 * inf
-    s.mult = p.softcap * kLog2e;
-  } else {
-    s.mult = s.scale * kLog2e;
-  }
-  return s;
-}
 
 ElemType elem_type(DType dtype) { return dtype == DType::bf16 ? ElemType::bf16 : ElemType::f16; }
 
@@ -162,16 +135,11 @@ class CudaFlashBackend final : public BackendImpl {
     return "";
   }
 
-  std::string why_not_tensors(const ForwardArgs& a) const override {
-    const std::pair<const TensorRef*, const char*> tensors[] = {
-        {&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.o, "o"}};
-    for (const auto& [t, name] : tensors) {
-      std::string r = why_not_resident(*t, name);
-      if (r.empty()) r = why_misaligned(*t, name);
-      if (!r.empty()) return r;
-    }
-    if (a.lse.data != nullptr) return why_not_resident(a.lse, "lse");
-    return "";
+  std::string why_not_tensor(const TensorRef& t, const char* name) const override {
+    std::string r = why_not_resident(t, name);
+    // lse is f32 and read or written one element at a time.
+    if (r.empty() && t.rank == 4) r = why_misaligned(t, name);
+    return r;
   }
 
   void forward(const ForwardArgs& a) const override {
@@ -190,8 +158,8 @@ class CudaFlashBackend final : public BackendImpl {
     p.B = int(a.problem.B);
     p.H = int(a.problem.H);
     p.Hkv = int(a.problem.Hkv);
-    p.mask = mask_args(a.problem);
-    p.score = score_args(a.problem);
+    p.mask = flash::mask_args(a.problem);
+    p.score = flash::score_args(a.problem);
     const ElemType elem = elem_type(a.q.dtype);
     switch (a.problem.d) {
       case 64: flash::launch_forward<64>(p, elem, a.options.stream); break;
@@ -201,16 +169,6 @@ class CudaFlashBackend final : public BackendImpl {
   }
 
   void backward(const BackwardArgs& a) const override {
-    // why_not_tensors saw q, k, v, o, lse; the gradient tensors are checked here,
-    // before anything runs or is written.
-    const std::pair<const TensorRef*, const char*> grads[] = {
-        {&a.dout, "do"}, {&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}};
-    for (const auto& [t, name] : grads) {
-      std::string r = why_not_resident(*t, name);
-      if (r.empty()) r = why_misaligned(*t, name);
-      if (!r.empty()) throw Error("backend", std::string("cuda-flash: ") + r);
-    }
-
     flash::BackwardParams p;
     p.q = a.q.data;
     p.k = a.k.data;
@@ -234,8 +192,8 @@ class CudaFlashBackend final : public BackendImpl {
     p.B = int(a.problem.B);
     p.H = int(a.problem.H);
     p.Hkv = int(a.problem.Hkv);
-    p.mask = mask_args(a.problem);
-    p.score = score_args(a.problem);
+    p.mask = flash::mask_args(a.problem);
+    p.score = flash::score_args(a.problem);
     const int64_t padded = tq_padded(a.problem.Tq);
     p.tq_padded = int(padded);
 

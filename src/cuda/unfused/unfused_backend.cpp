@@ -11,7 +11,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -151,14 +150,6 @@ unfused::Launch launch_on(void* stream) {
 unfused::In in(const TensorRef& t) { return {t.data, unfused::row_strides(t)}; }
 unfused::Out out(const TensorRef& t) { return {t.data, unfused::row_strides(t)}; }
 
-std::string why_not_pointers(std::initializer_list<std::pair<const TensorRef*, const char*>> list) {
-  for (const auto& [tensor, name] : list) {
-    const std::string reason = cuda::why_not_device_pointer(tensor->data, name);
-    if (!reason.empty()) return reason;
-  }
-  return "";
-}
-
 class CudaUnfusedBackend final : public BackendImpl {
  public:
   Backend id() const override { return Backend::CudaUnfused; }
@@ -184,11 +175,8 @@ class CudaUnfusedBackend final : public BackendImpl {
     return "";
   }
 
-  std::string why_not_tensors(const ForwardArgs& a) const override {
-    std::string reason = why_not_pointers({{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.o, "o"}});
-    if (reason.empty() && a.lse.data != nullptr)
-      reason = cuda::why_not_device_pointer(a.lse.data, "lse");
-    return reason;
+  std::string why_not_tensor(const TensorRef& t, const char* name) const override {
+    return cuda::why_not_device_pointer(t.data, name);
   }
 
   void forward(const ForwardArgs& args) const override {
@@ -210,12 +198,6 @@ class CudaUnfusedBackend final : public BackendImpl {
   }
 
   void backward(const BackwardArgs& args) const override {
-    // Dispatch checked q, k, v, o and lse through why_not_tensors; the
-    // gradients' tensors are checked here, before anything runs.
-    const std::string reason = why_not_pointers(
-        {{&args.dout, "do"}, {&args.dq, "dq"}, {&args.dk, "dk"}, {&args.dv, "dv"}});
-    if (!reason.empty()) throw Error("backend", "cuda-unfused: " + reason);
-
     const double bytes = workspace_bytes(args.problem, /*with_d=*/true);
     require_free_memory(bytes, /*with_d=*/true);
     const unfused::Launch launch = launch_on(args.options.stream);

@@ -1,0 +1,82 @@
+// cuda-hopper: the forward kernel (sm_90a): warp-specialised, FlashAttention-3
+// style. One CTA of 384 threads per (query tile of 128 rows, head, batch):
+//   warpgroup 0 (producer, setmaxnreg 24): one thread issues every TMA copy
+//     (producer.cuh); the other producer threads exit at once;
+//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each, wgmma
+//     main loop (consumer.cuh), then the epilogue (epilogue.cuh).
+// Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp.
+//
+// Only the sm_90a compilation pass has a body: wgmma and setmaxnreg exist
+// nowhere else. Other passes (sm_80 in the default 80;90a build) compile a
+// stub that traps; the backend never launches it (why_not refuses devices
+// other than sm_90 and builds without sm_90a code).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash/mask.cuh"
+#include "cuda/hopper/consumer.cuh"
+#include "cuda/hopper/epilogue.cuh"
+#include "cuda/hopper/params.hpp"
+#include "cuda/hopper/producer.cuh"
+#include "cuda/hopper/ptx/mbarrier.cuh"
+#include "cuda/hopper/ptx/warpgroup.cuh"
+#include "cuda/hopper/tile_coord.cuh"
+#include "cuda/hopper/tile_sizes.hpp"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GQATTN_HOPPER_DEVICE_CODE 1
+#endif
+
+namespace gqattn::hopper {
+
+// One mbarrier arrival per consumer warp releases a K or V slot.
+constexpr uint32_t kEmptyArrivals = kConsumerWarps;
+constexpr uint32_t kFullArrivals = 1;  // the producer's arrive.expect_tx
+
+template <int kD, typename Elem, bool kSoftcap>
+__global__ void __launch_bounds__(kThreads, 1)
+    forward_kernel(const __grid_constant__ ForwardParams p) {
+#ifdef GQATTN_HOPPER_DEVICE_CODE
+  using Tile = ForwardTile<kD>;
+  using L = SmemLayout<kD>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Swizzled tiles need 1024-byte alignment (SmemLayout allots the slack).
+  const uint32_t smem_unaligned = uint32_t(__cvta_generic_to_shared(smem_raw));
+  const uint32_t smem = (smem_unaligned + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1);
+
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(smem + L::kQFull, kFullArrivals);
+#pragma unroll
+    for (int s = 0; s < Tile::kStages; ++s) {
+      const uint32_t off = uint32_t(s) * L::kBarrierBytes;
+      ptx::mbar_init(smem + L::kKFull + off, kFullArrivals);
+      ptx::mbar_init(smem + L::kKEmpty + off, kEmptyArrivals);
+      ptx::mbar_init(smem + L::kVFull + off, kFullArrivals);
+      ptx::mbar_init(smem + L::kVEmpty + off, kEmptyArrivals);
+    }
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+
+  const MaskPolicy mask(p.mask);
+  const TileCoord tile = tile_coord<Tile::kBlockM, Tile::kBlockN>(p, mask);
+  const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
+
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) produce<kD>(p, tile, smem);
+    return;
+  }
+  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  const int wg = warpgroup - 1;
+  ConsumerResult<kD> result;
+  consume<kD, Elem, kSoftcap>(p, tile, mask, smem, wg, result);
+  store_output<kD, Elem>(p, tile, mask.tq, wg, result);
+#else
+  (void)p;
+  __trap();  // no sm_90a code in this pass: never launched (see why_not)
+#endif
+}
+
+}  // namespace gqattn::hopper

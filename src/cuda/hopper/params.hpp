@@ -1,0 +1,38 @@
+// cuda-hopper: the kernel parameters of the forward, built on the host by
+// hopper_backend.cpp and passed by value as a __grid_constant__ (the TMA
+// descriptors must live in parameter memory). Mask and score arguments are
+// cuda-flash's (the mask policy and the softmax are shared). Checked through
+// tests/gpu/test_hopper_forward.cpp.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/flash/params.hpp"
+
+namespace gqattn::hopper {
+
+using flash::ElemType;
+using flash::MaskArgs;
+using flash::RowStrides;
+using flash::ScoreArgs;
+
+struct ForwardParams {
+  // Maps of q [B, Tq, H, d], k and v [B, Tk, Hkv, d], dimensions innermost
+  // first (d, heads, T, B); boxes of 64 columns x 1 head x rows x 1 batch
+  // (tma_desc.hpp), 128-byte swizzled, zero fill out of bounds.
+  CUtensorMap q_map;
+  CUtensorMap k_map;
+  CUtensorMap v_map;
+  void* o = nullptr;
+  RowStrides o_stride;
+  float* lse = nullptr;  // may be null: then lse is not written
+  int64_t lse_batch_stride = 0;
+  int64_t lse_head_stride = 0;
+  int B = 0, H = 0, Hkv = 0;
+  MaskArgs mask;
+  ScoreArgs score;
+};
+
+}  // namespace gqattn::hopper

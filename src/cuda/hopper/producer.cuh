@@ -1,0 +1,71 @@
+// cuda-hopper: the producer of the forward's pipeline: one thread of the
+// producer warpgroup issues every TMA copy — Q once, then K and V of each
+// visited key tile into a ring of kStages slots. Checked through
+// tests/gpu/test_hopper_forward.cpp (a broken handshake deadlocks or reads
+// a half-written tile there).
+//
+// Handshake per slot s (barriers of SmemLayout): the producer waits
+// k_empty[s] (the consumers released the slot's previous tile; parity starts
+// at 1 so the first pass through the ring does not wait), arms k_full[s]
+// with the tile's byte count and issues the copies, whose completion flips
+// k_full[s]; the same for V. Iteration `it` uses slot it % kStages in phase
+// (it / kStages) & 1, exactly as the consumers count.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/hopper/params.hpp"
+#include "cuda/hopper/ptx/mbarrier.cuh"
+#include "cuda/hopper/ptx/tma.cuh"
+#include "cuda/hopper/tile_coord.cuh"
+#include "cuda/hopper/tile_sizes.hpp"
+
+namespace gqattn::hopper {
+
+// Copies the [rows x kD] tile at (row0, head, batch) of `map` into the
+// column blocks at `dst` (each [rows][64], rows * 128 bytes apart).
+template <int kD, int kRows>
+__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                          int row0, int head, int batch) {
+  constexpr uint32_t kBlockBytes = uint32_t(kRows) * kSwizzleBytes;
+#pragma unroll
+  for (int c = 0; c < kD / kColBlock; ++c)
+    ptx::tma_load_4d(dst + c * kBlockBytes, map, bar, c * kColBlock, head, row0, batch);
+}
+
+// Run by exactly one thread of the CTA.
+template <int kD>
+__device__ __forceinline__ void produce(const ForwardParams& p, const TileCoord& tile,
+                                        uint32_t smem) {
+  using Tile = ForwardTile<kD>;
+  using L = SmemLayout<kD>;
+  constexpr int kBN = Tile::kBlockN;
+  constexpr int kStages = Tile::kStages;
+
+  ptx::tma_prefetch(&p.q_map);
+  ptx::tma_prefetch(&p.k_map);
+  ptx::tma_prefetch(&p.v_map);
+
+  ptx::mbar_arrive_expect_tx(smem + L::kQFull, L::kQBytes);
+  load_tile<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, tile.m0, tile.h, tile.b);
+
+  int it = 0;
+  for (int n_block = tile.keys.last; n_block >= tile.keys.first; --n_block, ++it) {
+    const int stage = it % kStages;
+    const uint32_t parity = uint32_t(it / kStages) & 1u;
+    const int n0 = n_block * kBN;
+    const uint32_t bar_off = uint32_t(stage) * L::kBarrierBytes;
+
+    ptx::mbar_wait(smem + L::kKEmpty + bar_off, parity ^ 1u);
+    ptx::mbar_arrive_expect_tx(smem + L::kKFull + bar_off, L::kKVBytes);
+    load_tile<kD, kBN>(smem + L::kK + stage * L::kKVBytes, &p.k_map, smem + L::kKFull + bar_off, n0,
+                       tile.hk, tile.b);
+
+    ptx::mbar_wait(smem + L::kVEmpty + bar_off, parity ^ 1u);
+    ptx::mbar_arrive_expect_tx(smem + L::kVFull + bar_off, L::kKVBytes);
+    load_tile<kD, kBN>(smem + L::kV + stage * L::kKVBytes, &p.v_map, smem + L::kVFull + bar_off, n0,
+                       tile.hk, tile.b);
+  }
+}
+
+}  // namespace gqattn::hopper

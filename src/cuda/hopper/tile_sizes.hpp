@@ -1,0 +1,92 @@
+// cuda-hopper: the forward's tile shapes per head dimension, its thread
+// layout and register split, and the shared memory one CTA needs (the
+// backend's why_not compares it with the device's opt-in limit). Plain C++
+// so the host side can use it; the kernel static_asserts what it relies on.
+// Checked by compiling and by tests/gpu/test_hopper_forward.cpp (d 64, 128,
+// 256).
+//
+// A CTA owns kBlockM = 128 query rows of one head: two consumer warpgroups
+// of 64 rows each (the M of one wgmma) and one producer warpgroup whose
+// first warp issues every TMA copy. Key tiles of kBlockN rows; K and V each
+// go through a kStages-deep ring of shared-memory slots. Shared memory holds
+// every tile as column blocks of 64 elements (128 bytes, the span of the
+// 128-byte swizzle): a [rows x d] tile is d/64 blocks of [rows][64].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gqattn::hopper {
+
+constexpr int kElemBytes = 2;                          // bf16 and f16
+constexpr int kSwizzleBytes = 128;                     // the 128-byte swizzle's row span
+constexpr int kSwizzleAtomBytes = 1024;                // 8 rows x 128 bytes: one swizzle pattern
+constexpr int kColBlock = kSwizzleBytes / kElemBytes;  // 64 elements per block row
+constexpr int kWarpSize = 32;
+constexpr int kWarpgroupThreads = 128;
+constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / kWarpSize;
+constexpr int kWgmmaM = 64;  // rows of one wgmma: one consumer warpgroup
+constexpr int kWgmmaK = 16;  // reduction depth of one 16-bit wgmma
+
+constexpr int kConsumerWarpgroups = 2;
+constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;  // 384
+constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpsPerWarpgroup;
+// setmaxnreg split (FlashAttention-3, 2 consumer warpgroups with TMA loads):
+// 128 x 24 + 256 x 240 = 64512 <= 65536 registers of an SM.
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+static_assert(kWarpgroupThreads * kProducerRegisters +
+                      kConsumerWarpgroups * kWarpgroupThreads * kConsumerRegisters <=
+                  65536,
+              "register split exceeds the register file");
+
+template <int kD>
+struct ForwardTile;
+template <>
+struct ForwardTile<64> {
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+};
+template <>
+struct ForwardTile<128> {
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+};
+template <>
+struct ForwardTile<256> {
+  static constexpr int kBlockM = 128, kBlockN = 64, kStages = 2;
+};
+
+// Byte offsets of one CTA's shared memory, from a 1024-byte aligned base:
+// Q, then kStages K slots, then kStages V slots (each slot a whole tile, so
+// every tile starts on a swizzle-atom boundary), then the mbarriers.
+template <int kD>
+struct SmemLayout {
+  using Tile = ForwardTile<kD>;
+  static constexpr uint32_t kQBytes = uint32_t(Tile::kBlockM) * kD * kElemBytes;
+  static constexpr uint32_t kKVBytes = uint32_t(Tile::kBlockN) * kD * kElemBytes;  // one slot
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kK = kQ + kQBytes;
+  static constexpr uint32_t kV = kK + Tile::kStages * kKVBytes;
+  static constexpr uint32_t kBarriers = kV + Tile::kStages * kKVBytes;
+  // mbarriers (8 bytes each): q_full, then per stage k_full, k_empty, v_full, v_empty.
+  static constexpr uint32_t kBarrierBytes = 8;
+  static constexpr uint32_t kQFull = kBarriers;
+  static constexpr uint32_t kKFull = kQFull + kBarrierBytes;
+  static constexpr uint32_t kKEmpty = kKFull + Tile::kStages * kBarrierBytes;
+  static constexpr uint32_t kVFull = kKEmpty + Tile::kStages * kBarrierBytes;
+  static constexpr uint32_t kVEmpty = kVFull + Tile::kStages * kBarrierBytes;
+  static constexpr uint32_t kEnd = kVEmpty + Tile::kStages * kBarrierBytes;
+  // Dynamic shared memory is only guaranteed 16-byte aligned: ask for one
+  // atom more and round the base up.
+  static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
+
+  static_assert(kQBytes % kSwizzleAtomBytes == 0 && kKVBytes % kSwizzleAtomBytes == 0,
+                "tiles must start on 1024-byte boundaries");
+  static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
+};
+
+template <int kD>
+constexpr std::size_t forward_smem_bytes() {
+  return SmemLayout<kD>::kAllocBytes;
+}
+
+}  // namespace gqattn::hopper

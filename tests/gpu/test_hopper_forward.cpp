@@ -1,0 +1,253 @@
+// cuda-hopper (sm_90a forward: wgmma, TMA, warp specialisation) against the
+// f64 oracle through gqattn::check (tolerances of DESIGN §4, NaN-poisoned
+// outputs, determinism by rerunning and comparing bits), forward only: the
+// shapes that break kernels — T = 1, T not a multiple of the tiles, Tq != Tk
+// both ways, d 64/128/256, Hkv = 1, Hkv = H, windows 1, 64 and >= T,
+// softcap with large logits, rows with no kept key, bf16 and f16, padded
+// strides, and sequences long enough to wrap the TMA ring several times.
+// Also: backward throws its not-supported error, and a stride TMA cannot
+// use is refused naming the tensor. Every case skips, saying why, where
+// cuda-hopper cannot run (no device, not sm_90, no sm_90a code in the build).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.hpp"
+#include "gqattn/attention.hpp"
+#include "gqattn/check.hpp"
+#include "gqattn/dtype.hpp"
+
+namespace {
+
+using gqattn::Backend;
+using gqattn::Device;
+using gqattn::DType;
+using gqattn::Problem;
+
+constexpr uint64_t kSeed = 20261202;
+
+struct HopperCase {
+  std::string name;
+  Problem problem;
+  DType dtype = DType::bf16;
+  bool padded = false;
+};
+
+std::ostream& operator<<(std::ostream& os, const HopperCase& c) { return os << c.name; }
+
+HopperCase make(const std::string& name, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
+                int64_t d, bool causal, int64_t window = 0, float softcap = 0.0f,
+                DType dtype = DType::bf16, bool padded = false) {
+  HopperCase c;
+  c.name = name;
+  c.problem.B = B;
+  c.problem.Tq = Tq;
+  c.problem.Tk = Tk;
+  c.problem.H = H;
+  c.problem.Hkv = Hkv;
+  c.problem.d = d;
+  c.problem.causal = causal;
+  c.problem.window = window;
+  c.problem.softcap = softcap;
+  c.dtype = dtype;
+  c.padded = padded;
+  return c;
+}
+
+// Softcap cases with scale 1 instead of 1/sqrt(d): logits of a few hundred,
+// far into tanh's saturation.
+HopperCase large_logits(HopperCase c) {
+  c.problem.scale = 1.0f;
+  return c;
+}
+
+std::vector<HopperCase> cases() {
+  const DType f16 = DType::f16;
+  const DType bf16 = DType::bf16;
+  return {
+      // d = 128, bf16 first: the configuration brought up first.
+      make("T1_d128", 1, 1, 1, 2, 1, 128, false),
+      make("T1_causal_d128", 2, 1, 1, 2, 2, 128, true),
+      make("T128_d128", 1, 128, 128, 1, 1, 128, false),
+      make("T200_d128_mha", 1, 200, 200, 4, 4, 128, false),
+      make("T257_causal_d128_gqa4", 1, 257, 257, 8, 2, 128, true),
+      make("T1000_causal_d128_gqa2", 1, 1000, 1000, 4, 2, 128, true),
+      make("T1100_d128_mqa", 2, 1100, 1100, 2, 1, 128, false),
+      make("Tq37_Tk200_causal_d128", 1, 37, 200, 2, 1, 128, true),
+      make("Tq200_Tk37_causal_d128_empty_rows", 1, 200, 37, 2, 2, 128, true),
+      make("Tq90_Tk300_d128", 2, 90, 300, 2, 2, 128, false),
+      make("Tq300_Tk90_d128", 1, 300, 90, 2, 1, 128, false),
+      make("T100_causal_window1_d128", 1, 100, 100, 2, 1, 128, true, 1),
+      make("T200_causal_window_ge_T_d128", 1, 200, 200, 2, 2, 128, true, 500),
+      make("T300_window64_d128", 1, 300, 300, 2, 1, 128, false, 64),
+      make("T700_causal_window64_d128", 1, 700, 700, 2, 1, 128, true, 64),
+      make("Tq180_Tk70_causal_window40_d128", 1, 180, 70, 2, 1, 128, true, 40),
+      large_logits(make("T160_causal_softcap30_d128", 1, 160, 160, 4, 2, 128, true, 0, 30.0f)),
+      make("T100_causal_d128_padded", 2, 100, 100, 4, 2, 128, true, 0, 0.0f, bf16, true),
+      make("T200_window64_d128_f16", 1, 200, 200, 2, 1, 128, true, 64, 0.0f, f16),
+      large_logits(
+          make("T120_causal_softcap30_d128_f16", 1, 120, 120, 2, 1, 128, true, 0, 30.0f, f16)),
+      make("B5_H6_T65_causal_d128", 5, 65, 65, 6, 3, 128, true),
+      // d = 64.
+      make("T1_d64", 1, 1, 1, 2, 1, 64, false),
+      make("T37_causal_d64_gqa2", 1, 37, 37, 4, 2, 64, true),
+      make("Tq200_Tk37_causal_d64_empty_rows", 1, 200, 37, 2, 2, 64, true),
+      make("Tq70_Tk180_causal_window40_d64", 1, 70, 180, 4, 2, 64, true, 40),
+      make("T150_d64_mqa8", 1, 150, 150, 8, 1, 64, false),
+      large_logits(make("T96_softcap30_d64", 2, 96, 96, 2, 1, 64, false, 0, 30.0f)),
+      make("T129_causal_d64_f16", 1, 129, 129, 4, 2, 64, true, 0, 0.0f, f16),
+      make("Tq60_Tk90_d64_f16_padded", 1, 60, 90, 2, 1, 64, false, 0, 0.0f, f16, true),
+      make("T900_causal_d64", 1, 900, 900, 2, 1, 64, true),
+      // d = 256.
+      make("T130_causal_d256_mqa", 1, 130, 130, 4, 1, 256, true),
+      make("Tq150_Tk20_causal_d256_empty_rows", 1, 150, 20, 2, 1, 256, true),
+      make("T190_causal_window64_d256", 1, 190, 190, 2, 2, 256, true, 64),
+      large_logits(
+          make("Tq100_Tk140_causal_w32_softcap50_d256", 1, 100, 140, 2, 1, 256, true, 32, 50.0f)),
+      make("T70_d256_f16", 1, 70, 70, 2, 2, 256, false, 0, 0.0f, f16),
+      make("T80_causal_w16_d256_padded", 1, 80, 80, 2, 1, 256, true, 16, 0.0f, bf16, true),
+      make("T600_d256", 1, 600, 600, 2, 1, 256, false),
+  };
+}
+
+std::string describe(const gqattn::check::Report& r) {
+  std::string out = "backend ran=" + std::to_string(r.ran) +
+                    " deterministic=" + std::to_string(r.deterministic) +
+                    (r.skipped.empty() ? "" : " skipped: " + r.skipped);
+  for (const auto& m : r.metrics)
+    out += "\n  " + m.name + ": error " + std::to_string(m.error) + " tolerance " +
+           std::to_string(m.tolerance) + (m.pass ? " ok" : " FAIL") +
+           (m.note.empty() ? "" : " (" + m.note + ")");
+  return out;
+}
+
+// The reason cuda-hopper cannot run `p` here, or "".
+std::string why_not_hopper(const Problem& p, DType dtype) {
+  const gqattn::Explanation why = gqattn::explain(p, dtype, Device::cuda, Backend::CudaHopper);
+  return why.supported ? "" : why.reason;
+}
+
+class HopperVsOracle : public ::testing::TestWithParam<HopperCase> {};
+
+TEST_P(HopperVsOracle, Forward) {
+  const HopperCase& c = GetParam();
+  const std::string why = why_not_hopper(c.problem, c.dtype);
+  if (!why.empty()) GTEST_SKIP() << why;
+
+  gqattn::check::Config config;
+  config.problem = c.problem;
+  config.dtype = c.dtype;
+  config.backend = Backend::CudaHopper;
+  config.seed = kSeed;
+  config.backward = false;
+  config.determinism = true;
+  config.padded_strides = c.padded;
+  const gqattn::check::Report report = gqattn::check::run(config);
+  EXPECT_TRUE(report.ran) << report.skipped;
+  EXPECT_EQ(report.backend, Backend::CudaHopper);
+  EXPECT_TRUE(report.pass) << describe(report);
+}
+
+std::string case_name(const ::testing::TestParamInfo<HopperCase>& param) {
+  return param.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperVsOracle, ::testing::ValuesIn(cases()), case_name);
+
+Problem small_problem(int64_t d) {
+  Problem p;
+  p.B = 1;
+  p.Tq = p.Tk = 64;
+  p.H = 2;
+  p.Hkv = 1;
+  p.d = d;
+  p.causal = true;
+  return p;
+}
+
+TEST(HopperSupport, RefusesOtherHeadDimsAndF32) {
+  const std::string d80 = why_not_hopper(small_problem(80), DType::bf16);
+  EXPECT_NE(d80.find("d=80"), std::string::npos) << d80;
+  const std::string f32 = why_not_hopper(small_problem(64), DType::f32);
+  EXPECT_NE(f32.find("dtype f32"), std::string::npos) << f32;
+}
+
+#ifdef GQATTN_WITH_CUDA
+
+// bf16 [B, T, heads, d] device tensors of `p` with default strides.
+struct Tensors {
+  explicit Tensors(const Problem& p)
+      : q(bytes(p.B * p.Tq * p.H * p.d)),
+        k(bytes(p.B * p.Tk * p.Hkv * p.d)),
+        v(bytes(p.B * p.Tk * p.Hkv * p.d)),
+        o(bytes(p.B * p.Tq * p.H * p.d)),
+        lse(std::size_t(p.B * p.H * p.Tq) * sizeof(float)),
+        dout(bytes(p.B * p.Tq * p.H * p.d)),
+        dq(bytes(p.B * p.Tq * p.H * p.d)),
+        dk(bytes(p.B * p.Tk * p.Hkv * p.d)),
+        dv(bytes(p.B * p.Tk * p.Hkv * p.d)) {}
+  static std::size_t bytes(int64_t elems) { return std::size_t(elems) * 2; }
+  gqattn::test::DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv;
+};
+
+gqattn::TensorRef ref(const gqattn::test::DeviceBuffer& b, const Problem& p, int64_t T,
+                      int64_t heads) {
+  return gqattn::contiguous(b.get(), DType::bf16, Device::cuda, p.B, T, heads, p.d);
+}
+
+TEST(HopperSupport, BackwardThrowsNotImplemented) {
+  const Problem p = small_problem(128);
+  const std::string why = why_not_hopper(p, DType::bf16);
+  if (!why.empty()) GTEST_SKIP() << why;
+  Tensors t(p);
+  const gqattn::TensorRef lse =
+      gqattn::contiguous(t.lse.get(), DType::f32, Device::cuda, p.B, p.H, p.Tq);
+  gqattn::Options options;
+  options.backend = Backend::CudaHopper;
+  try {
+    gqattn::backward(p, ref(t.q, p, p.Tq, p.H), ref(t.k, p, p.Tk, p.Hkv), ref(t.v, p, p.Tk, p.Hkv),
+                     ref(t.o, p, p.Tq, p.H), lse, ref(t.dout, p, p.Tq, p.H),
+                     ref(t.dq, p, p.Tq, p.H), ref(t.dk, p, p.Tk, p.Hkv), ref(t.dv, p, p.Tk, p.Hkv),
+                     options);
+    FAIL() << "cuda-hopper backward did not throw";
+  } catch (const gqattn::Error& e) {
+    EXPECT_EQ(e.argument(), "backend");
+    EXPECT_EQ(e.rule(),
+              "cuda-hopper: not supported: backward is not implemented yet (use cuda-flash)");
+  }
+}
+
+// A k row stride of Hkv*d + 4 elements (8 bytes short of a 16-byte multiple):
+// TMA cannot walk it; the refusal names k and nothing is written.
+TEST(HopperSupport, MisalignedStrideNamesTheTensor) {
+  const Problem p = small_problem(64);
+  const std::string why = why_not_hopper(p, DType::bf16);
+  if (!why.empty()) GTEST_SKIP() << why;
+  constexpr int64_t kOddGap = 4;
+  const int64_t row = p.Hkv * p.d + kOddGap;
+  Tensors t(p);
+  gqattn::test::DeviceBuffer k_wide(Tensors::bytes(p.B * p.Tk * row));
+  gqattn::TensorRef k_ref = ref(k_wide, p, p.Tk, p.Hkv);
+  k_ref.stride[1] = row;
+  k_ref.stride[0] = row * p.Tk;
+  t.o.poison();
+  gqattn::Options options;
+  options.backend = Backend::CudaHopper;
+  try {
+    gqattn::forward(p, ref(t.q, p, p.Tq, p.H), k_ref, ref(t.v, p, p.Tk, p.Hkv),
+                    ref(t.o, p, p.Tq, p.H), gqattn::TensorRef{}, options);
+    FAIL() << "a k row stride of " << row << " elements was accepted";
+  } catch (const gqattn::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cuda-hopper"), std::string::npos) << what;
+    EXPECT_NE(what.find("k.stride[1]*2 bytes must be a multiple of 16"), std::string::npos) << what;
+  }
+  for (uint16_t bits : t.o.download<uint16_t>()) ASSERT_EQ(bits, 0xFFFFu);
+}
+
+#endif  // GQATTN_WITH_CUDA
+
+}  // namespace
