@@ -244,7 +244,13 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
     const double fwd_ms = time_calls(forward);
     append(line, ", \"sets\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f", sets, fwd_ms,
            fwd_flops / (fwd_ms * 1e-3) / 1e12);
-    if (s.backward) {
+    const gqattn::Explanation backward_support = gqattn::explain(
+        p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::backward);
+    if (s.backward && !backward_support.supported) {
+      std::string why = backward_support.reason;
+      std::replace(why.begin(), why.end(), '"', '\'');
+      append(line, ", \"bwd_skipped\": \"%s\"", why.c_str());
+    } else if (s.backward) {
       const double bwd_ms = time_calls(backward);
       append(line, ", \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f", bwd_ms,
              kBackwardFlopFactor * fwd_flops / (bwd_ms * 1e-3) / 1e12);

@@ -72,10 +72,11 @@ def find_bench(path):
     return hits[-1] if hits else None
 
 
-def run_ours(bench, cfg, repeats):
+def run_ours(bench, cfg, repeats, backend):
     B, T, H, Hkv, d, causal, window, softcap = cfg
     shape = f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},{window},{softcap}"
-    cmd = [bench, "--shape", shape, "--repeats", str(repeats), "--warmup", str(WARMUP)]
+    cmd = [bench, "--shape", shape, "--repeats", str(repeats), "--warmup", str(WARMUP),
+           "--backend", backend]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
@@ -224,6 +225,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--shapes", choices=["all", "core"], default="all")
     ap.add_argument("--ours-only", action="store_true")
+    ap.add_argument("--ours", default="cuda-flash",
+                    help="comma-separated gqattn backends to time, e.g. cuda-flash,cuda-hopper")
     args = ap.parse_args()
     cfgs = STANDARD if args.shapes == "all" else STANDARD[:6]
 
@@ -233,12 +236,15 @@ def main():
         print("gqattn_bench not found (build it, or pass --bench)", file=sys.stderr)
     else:
         for cfg in cfgs:
-            rec = run_ours(bench, cfg, args.repeats)
-            rec["backend"] = "gqattn:" + rec.get("backend", "cuda-flash")
-            rec["shape"] = shape_key(cfg)
-            results.append(rec)
-            print(f"  {rec['backend']:12s} {rec['shape']:40s} fwd {rec.get('fwd_tflops', float('nan')):7.1f} "
-                  f"bwd {rec.get('bwd_tflops', float('nan')):7.1f} {rec.get('error', '')}", flush=True)
+            for backend in args.ours.split(","):
+                rec = run_ours(bench, cfg, args.repeats, backend)
+                rec["backend"] = "gqattn:" + rec.get("backend", backend)
+                rec["shape"] = shape_key(cfg)
+                results.append(rec)
+                print(f"  {rec['backend']:12s} {rec['shape']:40s} "
+                      f"fwd {rec.get('fwd_tflops', float('nan')):7.1f} "
+                      f"bwd {rec.get('bwd_tflops', float('nan')):7.1f} {rec.get('error', '')}",
+                      flush=True)
     if not args.ours_only:
         torch_side(cfgs, args.repeats, results)
 
