@@ -244,8 +244,8 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
     const double fwd_ms = time_calls(forward);
     append(line, ", \"sets\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f", sets, fwd_ms,
            fwd_flops / (fwd_ms * 1e-3) / 1e12);
-    const gqattn::Explanation backward_support = gqattn::explain(
-        p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::backward);
+    const gqattn::Explanation backward_support =
+        gqattn::explain(p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::backward);
     if (s.backward && !backward_support.supported) {
       std::string why = backward_support.reason;
       std::replace(why.begin(), why.end(), '"', '\'');
