@@ -5,8 +5,13 @@
 // windows 1, 64 and >= T, softcap with large logits, rows with no kept key,
 // bf16 and f16, padded strides. Every case skips, saying why, where
 // cuda-flash cannot run (no usable device, or too little shared memory).
+// Every case runs with both dQ strategies (GQATTN_FLASH_DQ=separate and
+// =ordered, see src/cuda/flash/tile_sizes.hpp), plus longer cases where many
+// key tiles add into each query tile (the ordered path's counters), each
+// checked for bitwise determinism across runs.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -95,6 +100,26 @@ std::vector<FlashCase> cases() {
   };
 }
 
+// Long enough that each query tile is reached by several key tiles (ordered
+// dQ: several CTAs add into it, in order) and CTAs outnumber one wave.
+std::vector<FlashCase> long_cases() {
+  return {
+      make("T1100_causal_d128_gqa4", 1, 1100, 1100, 8, 2, 128, true),
+      make("B2_T700_d64_gqa2", 2, 700, 700, 4, 2, 64, false),
+      make("T900_causal_window200_d64", 1, 900, 900, 4, 1, 64, true, 200),
+      make("Tq300_Tk1000_causal_window300_d128", 1, 300, 1000, 4, 2, 128, true, 300),
+      make("Tq1000_Tk300_causal_d128_empty_rows", 1, 1000, 300, 2, 1, 128, true),
+      large_logits(make("T600_causal_softcap50_d256", 1, 600, 600, 4, 2, 256, true, 0, 50.0f)),
+      make("T520_window100_d256_f16", 1, 520, 520, 2, 1, 256, false, 100, 0.0f, DType::f16),
+  };
+}
+
+std::vector<FlashCase> all_cases() {
+  std::vector<FlashCase> all = cases();
+  for (const FlashCase& c : long_cases()) all.push_back(c);
+  return all;
+}
+
 std::string describe(const gqattn::check::Report& r) {
   std::string out = "backend ran=" + std::to_string(r.ran) +
                     " deterministic=" + std::to_string(r.deterministic) +
@@ -106,10 +131,32 @@ std::string describe(const gqattn::check::Report& r) {
   return out;
 }
 
-class FlashVsOracle : public ::testing::TestWithParam<FlashCase> {};
+// The dQ strategy a test runs with, through the backend's environment
+// switch; the previous value is restored afterwards.
+class ScopedDqStrategy {
+ public:
+  explicit ScopedDqStrategy(const char* strategy) {
+    const char* old = std::getenv(kVar);
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    setenv(kVar, strategy, 1);
+  }
+  ~ScopedDqStrategy() {
+    if (had_old_)
+      setenv(kVar, old_.c_str(), 1);
+    else
+      unsetenv(kVar);
+  }
+  ScopedDqStrategy(const ScopedDqStrategy&) = delete;
+  ScopedDqStrategy& operator=(const ScopedDqStrategy&) = delete;
 
-TEST_P(FlashVsOracle, ForwardAndBackward) {
-  const FlashCase& c = GetParam();
+ private:
+  static constexpr const char* kVar = "GQATTN_FLASH_DQ";
+  bool had_old_ = false;
+  std::string old_;
+};
+
+void run_case(const FlashCase& c) {
   const gqattn::Explanation why =
       gqattn::explain(c.problem, c.dtype, Device::cuda, Backend::CudaFlash);
   if (!why.supported) GTEST_SKIP() << why.reason;
@@ -128,8 +175,20 @@ TEST_P(FlashVsOracle, ForwardAndBackward) {
   EXPECT_TRUE(report.pass) << describe(report);
 }
 
+class FlashVsOracle : public ::testing::TestWithParam<FlashCase> {};
+
+TEST_P(FlashVsOracle, SeparateDq) {
+  const ScopedDqStrategy strategy("separate");
+  run_case(GetParam());
+}
+
+TEST_P(FlashVsOracle, OrderedDq) {
+  const ScopedDqStrategy strategy("ordered");
+  run_case(GetParam());
+}
+
 std::string case_name(const ::testing::TestParamInfo<FlashCase>& param) { return param.param.name; }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, FlashVsOracle, ::testing::ValuesIn(cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashVsOracle, ::testing::ValuesIn(all_cases()), case_name);
 
 }  // namespace

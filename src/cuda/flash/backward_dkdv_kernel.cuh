@@ -17,6 +17,23 @@
 // straight from the accumulators; otherwise through shared memory.
 // Q, dO (and lse2, D) are double-buffered: step t+1's loads are issued right
 // after the barrier that opens step t. dK gets the softmax scale at the end.
+//
+// kOrderedDq (DqStrategy::kOrdered): each step also computes its dQ partial
+// dS K (dS^T through shared memory, read back with ldmatrix.trans; warps
+// form a (kBlockM/16) x kDqWarpsD grid over it) and adds it into
+// p.dq_accum in ascending key-tile order, so every element's sum is formed
+// in the same order on every run (deterministic, no workspace quadratic in T):
+// - the key tiles that visit a query tile m form an interval of key-tile
+//   indices (query_blocks' bounds are nondecreasing in the key tile, and
+//   tiles that visit nothing come first), so key tile n is the first to add
+//   into m iff key tile n-1 does not visit m; the first stores, the others
+//   wait for counter(b, h, m) == n (key tile n-1 done) and add;
+// - key tile n sets counter = n + 1 (st.release, after every thread's
+//   __threadfence and a barrier) at the barrier after the next step's dS^T
+//   (by then its adds have completed) or at the end;
+// - a CTA only ever waits for a CTA of a lower key tile, i.e. a lower
+//   blockIdx (dispatched earlier, hence resident or done), and never before
+//   it has signalled its own previous step: no deadlock.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +45,26 @@
 #include "cuda/flash/tile_sizes.hpp"
 
 namespace gqattn::flash {
+
+constexpr unsigned kDqSpinNs = 64;  // back-off between polls of a dQ counter
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* ptr, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
+}
+// *ptr += (x, y), two adjacent floats (8-byte aligned), result unused.
+__device__ __forceinline__ void red_add2(float* ptr, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(ptr), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(ptr, x);
+  atomicAdd(ptr + 1, y);
+#endif
+}
 
 // C += A B over kSteps k-steps for one warp's m16 rows, A from a shared tile
 // stored [m][k] (rows a_row0..), B from a shared tile stored [n][k]
@@ -49,7 +86,7 @@ __device__ __forceinline__ void gemm_ss_nt(float (&c)[1][kNT][4], uint32_t a_til
   }
 }
 
-template <int kD, typename Elem, bool kSoftcap>
+template <int kD, typename Elem, bool kSoftcap, bool kOrderedDq = false>
 __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* kWarpSize)
     backward_dkdv_kernel(const BackwardParams p) {
   using Tile = DkdvTile<kD>;
@@ -68,17 +105,31 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   using KVTile = SmemTile<kBN, kD>;
   using QTile = SmemTile<kBM, kD>;
   using PTile = SmemTile<kBN, kBM>;
+  // Ordered dQ partial dS K: warp (wm, wd) owns queries [16 wm, 16 wm + 16)
+  // x columns [wd kDqCols, ...), in kDqPasses passes of kDqDT n8 tiles.
+  constexpr int kWarps = Tile::kWarpsN * kWarpsD;
+  constexpr int kDqWarpsM = kBM / kMmaM;
+  constexpr int kDqWarpsD = kWarps / kDqWarpsM;
+  constexpr int kDqCols = kD / kDqWarpsD;
+  constexpr int kDqColsPerPass = kDqCols < kDqPassCols ? kDqCols : kDqPassCols;
+  constexpr int kDqPasses = kDqCols / kDqColsPerPass;
+  constexpr int kDqDT = kDqColsPerPass / kMmaN;
+  constexpr int kStepsN = kBN / kMmaK;
+  static_assert(!kOrderedDq || (kWarps % kDqWarpsM == 0 && kD % kDqWarpsD == 0 &&
+                                kDqCols % kDqColsPerPass == 0 && kDqDT % 2 == 0),
+                "ordered dQ warp grid");
 
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* const smem_k = smem;
   unsigned char* const smem_v = smem_k + KVTile::kBytes;
   const uint32_t s_k = smem_addr(smem_k);
   const uint32_t s_v = smem_addr(smem_v);
-  const uint32_t s_q0 = s_v + KVTile::kBytes;              // stage s: Q at s_q0 + s * kStageBytes
-  constexpr uint32_t kStageBytes = 2 * QTile::kBytes;      // Q then dO
-  const uint32_t s_p = s_q0 + kQueryStages * kStageBytes;  // P^T, dS^T (kWarpsD > 1)
-  const uint32_t s_ds = s_p + PTile::kBytes;
-  constexpr uint32_t kPBytes = kWarpsD > 1 ? 2 * PTile::kBytes : 0;
+  const uint32_t s_q0 = s_v + KVTile::kBytes;          // stage s: Q at s_q0 + s * kStageBytes
+  constexpr uint32_t kStageBytes = 2 * QTile::kBytes;  // Q then dO
+  // P^T (kWarpsD > 1), then dS^T (kWarpsD > 1 or ordered dQ).
+  const uint32_t s_p = s_q0 + kQueryStages * kStageBytes;
+  const uint32_t s_ds = s_p + (kWarpsD > 1 ? PTile::kBytes : 0);
+  constexpr uint32_t kPBytes = dkdv_p_tiles<kD, kOrderedDq>() * PTile::kBytes;
   float* const rows_f =
       reinterpret_cast<float*>(smem + 2 * KVTile::kBytes + kQueryStages * kStageBytes + kPBytes);
   // rows_f: stage s: lse2 at rows_f[2 s kBM], D at rows_f[(2 s + 1) kBM]
@@ -104,6 +155,13 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   const BlockRange range = mask.query_blocks(n0, cols, kBM);
   const int num_m = range.last - range.first + 1;
   const int steps = num_m > 0 ? group * num_m : 0;
+  // Ordered dQ: the query tiles key tile n-1 visits (its cols are kBN: it is
+  // not the last key tile), i.e. where this CTA is not the first to add.
+  const BlockRange prev = n_block > 0 ? mask.query_blocks(n0 - kBN, kBN, kBM) : BlockRange{};
+  const int num_m_tiles = p.tq_padded / kBM;  // counters per (b, h)
+  int* signal = nullptr;                      // counter of the last step's query tile
+  const int dq_row = (warp % kDqWarpsM) * kMmaM;
+  const int dq_col = (warp / kDqWarpsM) * kDqCols;
 
   const Elem* q_base = static_cast<const Elem*>(p.q) + b * p.q_stride.batch;
   const Elem* do_base = static_cast<const Elem*>(p.dout) + b * p.do_stride.batch;
@@ -200,6 +258,17 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
         a_ds[1] = pack2<Elem>(s0[2] * d0[2], s0[3] * d0[3]);
         a_ds[2] = pack2<Elem>(s1[0] * d1[0], s1[1] * d1[1]);
         a_ds[3] = pack2<Elem>(s1[2] * d1[2], s1[3] * d1[3]);
+        if constexpr (kOrderedDq) {  // dS^T (keys x queries) for the dQ partial
+          unsigned char* const ds = smem + (s_ds - s_k);
+          const int key = key_w + frag_row(lane);
+          const int query = query_w + kk * kMmaK + frag_col(lane);
+          *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key, query)) = a_ds[0];
+          *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key + kFragRowHalf, query)) =
+              a_ds[1];
+          *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key, query + kMmaN)) = a_ds[2];
+          *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key + kFragRowHalf, query + kMmaN)) =
+              a_ds[3];
+        }
 #pragma unroll
         for (int dn = 0; dn < kDT / 2; ++dn) {
           uint32_t bf[4];
@@ -210,6 +279,11 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
           mma_16816<Elem>(acc_dk[0][2 * dn], a_ds, bf[0], bf[1]);
           mma_16816<Elem>(acc_dk[0][2 * dn + 1], a_ds, bf[2], bf[3]);
         }
+      }
+      if constexpr (kOrderedDq) {
+        __threadfence();  // this thread's dQ adds of step t-1 precede the signal
+        __syncthreads();  // dS^T complete
+        if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
       }
     } else {
       // P^T and dS^T of this warp's keys x queries to shared memory; every
@@ -224,7 +298,10 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
         store_acc_frag<PTile, Elem>(smem + (s_ds - s_k), ds, key_w, query_w + nt * kMmaN, 1.0f,
                                     lane);
       }
+      if constexpr (kOrderedDq) __threadfence();  // dQ adds of step t-1 precede the signal
       __syncthreads();
+      if constexpr (kOrderedDq)
+        if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk) {
         uint32_t a_p[4], a_ds[4];
@@ -242,13 +319,64 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
         }
       }
     }
+
+    if constexpr (kOrderedDq) {
+      // dQ partial of query tile m, head h: dS (queries x keys, read
+      // transposed from dS^T) times K; the shared dS^T is complete (barrier
+      // above) and is not rewritten before the next step's opening barrier.
+      const int h = hk * group + t / num_m;
+      const int m_block = range.first + t % num_m;
+      int* const counter = p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + m_block;
+      const bool first = m_block < prev.first || m_block > prev.last;
+      float* const acc_row =
+          p.dq_accum + ((int64_t(b) * p.H + h) * p.tq_padded + m0 + dq_row + frag_row(lane)) * kD +
+          dq_col + frag_col(lane);
+#pragma unroll
+      for (int pass = 0; pass < kDqPasses; ++pass) {
+        float acc_dq[kDqDT][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < kStepsN; ++kk) {
+          uint32_t a[4];
+          load_a_trans<PTile>(a, s_ds, dq_row, kk, lane);
+#pragma unroll
+          for (int dn = 0; dn < kDqDT / 2; ++dn) {
+            uint32_t bf[4];
+            load_b_trans<KVTile>(bf, s_k, dq_col + pass * kDqColsPerPass + dn * 2 * kMmaN, kk,
+                                 lane);
+            mma_16816<Elem>(acc_dq[2 * dn], a, bf[0], bf[1]);
+            mma_16816<Elem>(acc_dq[2 * dn + 1], a, bf[2], bf[3]);
+          }
+        }
+        if (pass == 0 && !first) {  // wait for key tile n-1's adds into this tile
+          if (lane == 0)
+            while (ld_acquire_gpu(counter) != n_block) __nanosleep(kDqSpinNs);
+          __syncwarp();
+        }
+#pragma unroll
+        for (int dt = 0; dt < kDqDT; ++dt) {
+          float* const lo = acc_row + pass * kDqColsPerPass + dt * kMmaN;
+          float* const hi = lo + kFragRowHalf * kD;
+          if (first) {
+            *reinterpret_cast<float2*>(lo) = make_float2(acc_dq[dt][0], acc_dq[dt][1]);
+            *reinterpret_cast<float2*>(hi) = make_float2(acc_dq[dt][2], acc_dq[dt][3]);
+          } else {
+            red_add2(lo, acc_dq[dt][0], acc_dq[dt][1]);
+            red_add2(hi, acc_dq[dt][2], acc_dq[dt][3]);
+          }
+        }
+      }
+      signal = counter;
+    }
   }
 
   // Epilogue: dK (times the scale) and dV through the K and V tiles' space.
   tid = tid_;
   lane = tid_ % kWarpSize;
   cp_async_wait<0>();
+  if constexpr (kOrderedDq) __threadfence();  // the last step's dQ adds precede the signal
   __syncthreads();
+  if constexpr (kOrderedDq)
+    if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt) {
     store_acc_frag<KVTile, Elem>(smem_k, acc_dk[0][dt], key_w, col_w + dt * kMmaN, p.score.scale,

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -47,6 +49,9 @@ int64_t dq_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
 }
 int64_t preprocess_blocks(int64_t B, int64_t H, int64_t tq_padded) {
   return ceil_div(B * H * tq_padded, kPreprocessRowsPerBlock);
+}
+int64_t dq_postprocess_blocks(int d, int64_t B, int64_t H, int64_t tq_padded) {
+  return ceil_div(B * H * tq_padded * (d / kDqPostElemsPerThread), kDqPostThreads);
 }
 
 }  // namespace gqattn::flash
@@ -96,6 +101,15 @@ std::string why_not_resident(const TensorRef& t, const char* name) {
   return cuda::why_not_device_pointer(t.data, name);
 }
 
+// The dQ strategy of this call: GQATTN_FLASH_DQ=ordered or =separate when
+// set (lets tests and benchmarks compare both), else the compiled default.
+flash::DqStrategy dq_strategy() {
+  const char* env = std::getenv("GQATTN_FLASH_DQ");
+  if (env != nullptr && std::strcmp(env, "ordered") == 0) return flash::DqStrategy::kOrdered;
+  if (env != nullptr && std::strcmp(env, "separate") == 0) return flash::DqStrategy::kSeparate;
+  return flash::kDefaultDqStrategy;
+}
+
 flash::RowStrides strides(const TensorRef& t) { return {t.stride[0], t.stride[1], t.stride[2]}; }
 
 ElemType elem_type(DType dtype) { return dtype == DType::bf16 ? ElemType::bf16 : ElemType::f16; }
@@ -120,7 +134,8 @@ class CudaFlashBackend final : public BackendImpl {
     const int d = int(p.d);
     const int64_t grid = std::max(
         {flash::forward_blocks(d, p.B, p.H, p.Tq), flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk),
-         flash::dq_blocks(d, p.B, p.H, p.Tq), flash::preprocess_blocks(p.B, p.H, tq_padded(p.Tq))});
+         flash::dq_blocks(d, p.B, p.H, p.Tq), flash::preprocess_blocks(p.B, p.H, tq_padded(p.Tq)),
+         flash::dq_postprocess_blocks(d, p.B, p.H, tq_padded(p.Tq))});
     if (grid > kMaxGridX)
       return "not supported: cuda-flash needs at most 2^31-1 thread blocks (B*H*Tq too large: " +
              std::to_string(grid) + " blocks)";
@@ -197,13 +212,24 @@ class CudaFlashBackend final : public BackendImpl {
     const int64_t padded = tq_padded(a.problem.Tq);
     p.tq_padded = int(padded);
 
-    // Workspace: lse2 and D, [B*H, tq_padded] f32 each, on the caller's stream.
+    // Workspace: lse2 and D, [B*H, tq_padded] f32 each, on the caller's
+    // stream; for ordered dQ also the f32 dQ accumulator [B*H, tq_padded, d]
+    // and the dQ counters (one int per row: at least one per (b, h, query
+    // tile)) - linear in Tq.
     const auto stream = static_cast<cudaStream_t>(a.options.stream);
     const std::size_t rows = std::size_t(a.problem.B * a.problem.H * padded);
+    const bool ordered = dq_strategy() == flash::DqStrategy::kOrdered;
+    const std::size_t accum = ordered ? rows * std::size_t(a.problem.d) : 0;
+    const std::size_t counters = ordered ? rows : 0;
     void* workspace = nullptr;
-    GQATTN_CUDA_CHECK(cudaMallocAsync(&workspace, 2 * rows * sizeof(float), stream));
+    GQATTN_CUDA_CHECK(cudaMallocAsync(
+        &workspace, (2 * rows + accum) * sizeof(float) + counters * sizeof(int), stream));
     p.lse2 = static_cast<float*>(workspace);
     p.dsum = p.lse2 + rows;
+    if (ordered) {
+      p.dq_accum = p.dsum + rows;
+      p.dq_counters = reinterpret_cast<int*>(p.dq_accum + accum);
+    }
     const ElemType elem = elem_type(a.q.dtype);
     try {
       switch (a.problem.d) {

@@ -1,7 +1,10 @@
 // cuda-flash: the backward launcher template: the preprocessing kernel
 // (lse2, D), then the dK/dV kernel (one CTA per key tile, kv head, batch),
 // then the dQ kernel (one CTA per query tile, head, batch), all on the
-// caller's stream, 1-D grids. Instantiated per head dimension by
+// caller's stream, 1-D grids. With p.dq_accum set (ordered dQ): the dQ
+// counters are zeroed, the dK/dV kernel also adds dQ in key-tile order (its
+// blockIdx must grow with the key tile: see backward_dkdv_kernel.cuh), and
+// the postprocess kernel writes dq instead of the dQ kernel. Instantiated per head dimension by
 // launch_backward_d*.cu. Checked through tests/gpu/test_flash_*.cpp.
 #pragma once
 
@@ -10,6 +13,7 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/flash/backward_dkdv_kernel.cuh"
 #include "cuda/flash/backward_dq_kernel.cuh"
+#include "cuda/flash/backward_dq_postprocess.cuh"
 #include "cuda/flash/backward_preprocess.cuh"
 #include "cuda/flash/launchers.hpp"
 
@@ -22,15 +26,30 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
     backward_preprocess_kernel<kD, Elem><<<blocks, kPreprocessThreads, 0, stream>>>(p);
     cuda::check_launch("cuda-flash backward_preprocess_kernel");
   }
+  using DkdvT = DkdvTile<kD>;
+  constexpr int kDkdvThreads = DkdvT::kWarpsN * DkdvT::kWarpsD * kWarpSize;
+  const int dkdv_grid = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk));
+  if (p.dq_accum != nullptr) {
+    const std::size_t counters =
+        std::size_t(p.B) * p.H * std::size_t(p.tq_padded / DkdvT::kBlockM) * sizeof(int);
+    GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_counters, 0, counters, stream));
+    constexpr int kSmem = int(dkdv_smem_bytes<kD, true>());
+    auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, true>;
+    GQATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
+    cuda::check_launch("cuda-flash backward_dkdv_kernel (ordered dQ)");
+    const int blocks = int(dq_postprocess_blocks(kD, p.B, p.H, p.tq_padded));
+    backward_dq_postprocess_kernel<kD, Elem><<<blocks, kDqPostThreads, 0, stream>>>(p);
+    cuda::check_launch("cuda-flash backward_dq_postprocess_kernel");
+    return;
+  }
   {
-    using Tile = DkdvTile<kD>;
-    constexpr int kThreads = Tile::kWarpsN * Tile::kWarpsD * kWarpSize;
     constexpr int kSmem = int(dkdv_smem_bytes<kD>());
-    const int blocks = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk));
     auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap>;
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    kernel<<<blocks, kThreads, kSmem, stream>>>(p);
+    kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
     cuda::check_launch("cuda-flash backward_dkdv_kernel");
   }
   {

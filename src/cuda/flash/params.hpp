@@ -72,6 +72,13 @@ struct BackwardParams {
   float* lse2 = nullptr;
   float* dsum = nullptr;
   int tq_padded = 0;
+  // Ordered dQ (DqStrategy::kOrdered in tile_sizes.hpp) when dq_accum is
+  // non-null: dq_accum [B*H, tq_padded, d] f32 (never zeroed: the first key
+  // tile to reach a query tile stores, later ones add) and dq_counters
+  // [B*H, tq_padded / DkdvTile::kBlockM] int, zero before the dK/dV kernel
+  // (0: no key tile has reached the query tile; n + 1: key tile n is done).
+  float* dq_accum = nullptr;
+  int* dq_counters = nullptr;
 };
 
 // Launchers (launch_forward.cu, launch_backward.cu). `stream` is a cudaStream_t.

@@ -126,6 +126,18 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0
   ldsm_x4(a, tile + Tile::offset(row, chunk));
 }
 
+// A fragment (16 rows x k16) at rows row0..row0+15 (row0 a multiple of 8),
+// k-step kk, of a tile stored transposed, [k][row] (dS^T in the dK/dV
+// kernel's dQ partial), via ldmatrix.trans. Matrix i = lane / 8 is a0..a3:
+// odd i are rows + 8 (the next chunk), i >= 2 are k + 8 (the next 8 rows).
+template <typename Tile>
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], uint32_t tile, int row0, int kk,
+                                             int lane) {
+  const int k = kk * kMmaK + (lane & 7) + ((lane >> 4) << 3);
+  const int chunk = row0 / kElemsPerChunk + ((lane >> 3) & 1);
+  ldsm_x4_trans(a, tile + Tile::offset(k, chunk));
+}
+
 // B fragments of two n8 tiles (n = n0..n0+15) at k-step kk, from a tile
 // stored [n][k] (K in S = Q K^T). b[0], b[1]: n-tile n0; b[2], b[3]: n0 + 8.
 template <typename Tile>

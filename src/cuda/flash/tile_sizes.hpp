@@ -8,18 +8,25 @@
 // accumulator in registers without spills):
 // - forward: a CTA owns kBlockM query rows, kWarps warps of kBlockM/kWarps
 //   rows each (d64: two m16 tiles per warp, so each K/V fragment loaded from
-//   shared memory feeds two mma; d128: one m16 tile per warp, because two
-//   (O 128 + S 64 f32 registers) spill; d256: one); key tiles of kBlockN, K
-//   and V single-buffered and staggered (V(n) loads during S = Q K^T, K(n-1)
-//   during softmax and P V).
+//   shared memory feeds two mma; d128: two on 32-key tiles, see below;
+//   d256: one); key tiles of kBlockN, K and V single-buffered and staggered
+//   (V(n) loads during S = Q K^T, K(n-1) during softmax and P V).
 // - dK/dV: a CTA owns kBlockN keys of one kv head; warps are a kWarpsN x
 //   kWarpsD grid, each warp 16 keys x (d / kWarpsD) columns of dK and dV;
 //   query tiles of kBlockM double-buffered. With kWarpsD == 1 P^T and dS^T
 //   stay in registers as the A operand of dV += P^T dO and dK += dS^T Q;
 //   with kWarpsD == 2 (d = 256, where 16 x 256 x 2 accumulators would not fit)
 //   they go through shared memory.
-// - dQ: a CTA owns kBlockM query rows, 16 per warp; key tiles of kBlockN
-//   double-buffered.
+// - dQ, two strategies (DqStrategy; both deterministic, chosen per call by
+//   the backend, see flash_backend.cpp):
+//   separate: a dQ kernel: a CTA owns kBlockM query rows, 16 per warp; key
+//     tiles of kBlockN double-buffered; recomputes S and dP (7 GEMMs per
+//     tile pair in all).
+//   ordered: the dK/dV kernel also computes each step's dQ partial
+//     dS (kBlockM x kBlockN) K (through a dS^T tile in shared memory) and
+//     adds it into an f32 accumulator [B*H, tq_padded, d] in ascending
+//     key-tile order, enforced by one counter per (b, h, query tile)
+//     (5 GEMMs); a postprocess kernel scales and converts it.
 #pragma once
 
 #include <algorithm>
@@ -36,9 +43,18 @@ template <>
 struct ForwardTile<64> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4;
 };
+// d128: 4 warps x 32 rows (two m16 tiles) on 32-key tiles halves the shared
+// memory read per FLOP of 8 warps x 16 rows on 64-key tiles (each K/V
+// fragment feeds two mma; per 16 rows x 64 keys: K+V 16 KB + Q 8 KB instead
+// of 32 KB + 4 KB), which bounds the mma.sync loop on H100/H200 (128 B/clk).
+// O 128 + S 32 f32 registers fit without spills (245); 64-key tiles spill.
+// Set to false for the previous 8 warps x 16 rows, 128 x 64.
+constexpr bool kForwardD128TwoTilesPerWarp = true;
 template <>
 struct ForwardTile<128> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = kForwardD128TwoTilesPerWarp ? 32 : 64;
+  static constexpr int kWarps = kForwardD128TwoTilesPerWarp ? 4 : 8;
 };
 template <>
 struct ForwardTile<256> {
@@ -75,6 +91,21 @@ struct DqTile<256> {
   static constexpr int kBlockM = 64, kBlockN = 32, kWarps = 4;
 };
 
+// The dQ strategy the backend uses when the environment does not choose
+// (GQATTN_FLASH_DQ=ordered|separate, read by flash_backend.cpp). Flip to
+// kOrdered once the ordered path has been validated and measured on the GPU.
+enum class DqStrategy { kSeparate, kOrdered };
+constexpr DqStrategy kDefaultDqStrategy = DqStrategy::kSeparate;
+
+// Ordered dQ: warps of the dK/dV kernel form a (kBlockM / 16) x rest grid
+// over the dQ partial; each warp adds at most kDqPassCols columns per pass
+// (bounds its f32 accumulator registers: 16 x 64 -> 32 per thread).
+constexpr int kDqPassCols = 32;
+// Postprocess (dq = accumulator * scale -> 16-bit): threads per block, 8
+// elements (one 16-byte store) per thread.
+constexpr int kDqPostThreads = 256;
+constexpr int kDqPostElemsPerThread = 8;  // one 16-byte chunk
+
 constexpr int kQueryStages = 2;  // dK/dV: Q, dO, lse2, D double-buffered
 constexpr int kKeyStages = 2;    // dQ: K, V double-buffered
 
@@ -84,13 +115,19 @@ constexpr std::size_t forward_smem_bytes() {
   using T = ForwardTile<kD>;
   return std::size_t(T::kBlockM + 2 * T::kBlockN) * kD * kElemBytes;
 }
-template <int kD>
+// Tiles of kBlockN x kBlockM 16-bit values the dK/dV kernel keeps in shared
+// memory: P^T and dS^T when kWarpsD > 1; else dS^T alone for ordered dQ.
+template <int kD, bool kOrderedDq>
+constexpr int dkdv_p_tiles() {
+  return DkdvTile<kD>::kWarpsD > 1 ? 2 : (kOrderedDq ? 1 : 0);
+}
+template <int kD, bool kOrderedDq = false>
 constexpr std::size_t dkdv_smem_bytes() {
   using T = DkdvTile<kD>;
   const std::size_t kv = std::size_t(2) * T::kBlockN * kD * kElemBytes;
   const std::size_t q_do = std::size_t(kQueryStages) * 2 * T::kBlockM * kD * kElemBytes;
   const std::size_t p_ds =
-      T::kWarpsD > 1 ? std::size_t(2) * T::kBlockN * T::kBlockM * kElemBytes : 0;
+      std::size_t(dkdv_p_tiles<kD, kOrderedDq>()) * T::kBlockN * T::kBlockM * kElemBytes;
   const std::size_t rows = std::size_t(kQueryStages) * 2 * T::kBlockM * sizeof(float);
   return kv + q_do + p_ds + rows;
 }
@@ -102,7 +139,8 @@ constexpr std::size_t dq_smem_bytes() {
 }
 template <int kD>
 constexpr std::size_t max_smem_bytes() {
-  return std::max({forward_smem_bytes<kD>(), dkdv_smem_bytes<kD>(), dq_smem_bytes<kD>()});
+  return std::max({forward_smem_bytes<kD>(), dkdv_smem_bytes<kD, false>(),
+                   dkdv_smem_bytes<kD, true>(), dq_smem_bytes<kD>()});
 }
 
 // The preprocessing kernel: kPreprocessLanesPerRow lanes share one row's

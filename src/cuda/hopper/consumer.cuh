@@ -1,8 +1,8 @@
 // cuda-hopper: a consumer warpgroup's main loop: for each key tile the
 // producer delivers, S = Q K^T on wgmma (both operands from shared memory),
-// softcap and mask (cuda-flash's policy), online softmax (cuda-flash's), then
-// O += P V on wgmma with P from registers. Checked against the f64 oracle by
-// tests/gpu/test_hopper_forward.cpp.
+// softcap and mask (cuda-flash's policy), online softmax (softmax.cuh, the
+// arithmetic of cuda-flash's), then O += P V on wgmma with P from registers.
+// Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp.
 //
 // Operand layouts in shared memory (128-byte swizzle, tiles 1024-aligned,
 // descriptor base offset 0):
@@ -14,11 +14,23 @@
 //   (SBO) and the next 64 columns of d (N direction) a whole block,
 //   kBlockN * 128 bytes, further (LBO).
 //
-// Invariants: accumulators are read only after wgmma_wait<0> and pin(); a
-// slot is released (one arrival per consumer warp) only after the MMAs that
-// read it have completed. TODO(perf): one wgmma group in flight at a time;
-// intra-warpgroup overlap (softmax of tile n while S of tile n-1 runs) and
-// ping-pong scheduling between the two warpgroups are not done yet.
+// Schedules (tile_sizes.hpp switches). Key tiles are visited in order
+// it = 0, 1, ... (n_block = keys.last - it), slot it % kStages.
+// - Overlapped (kIntraWarpgroupOverlap): prologue S(0), softmax(0); step
+//   it >= 1: finish step it-1 (wait_group 0: release V(it-2), rescale O,
+//   P(it-1) to A fragments); [wait V(it-1), K(it)] issue S(it), then
+//   O += P(it-1) V(it-1); wait_group 1 (S(it) retired: release K(it));
+//   softcap, mask, softmax of S(it) while the P V GEMM runs. After the
+//   loop: finish the last step, O += P(last) V(last).
+// - Serial: S(it), wait, softmax, P V, wait, per tile.
+// - Ping-pong (PingPong below) orders the two warpgroups' GEMM issues.
+// Invariants: an accumulator (S or O) is read only after the wait_group that
+// retires its GEMM and a pin(); registers written by ordinary code (S reused
+// as accumulator, O rescaled, P fragments) are fenced by wgmma_fence()
+// before the next issue; the P fragments stay pinned (live) until the
+// wait_group that retires the P V GEMM reading them; a K or V slot is
+// released (one arrival per consumer warp) only after the GEMM that read it
+// has retired.
 #pragma once
 
 #include <cmath>
@@ -28,9 +40,12 @@
 #include "cuda/flash/mma.cuh"
 #include "cuda/flash/softmax.cuh"
 #include "cuda/hopper/params.hpp"
+#include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
 #include "cuda/hopper/ptx/wgmma_ops.cuh"
+#include "cuda/hopper/softcap.cuh"
+#include "cuda/hopper/softmax.cuh"
 #include "cuda/hopper/tile_coord.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
@@ -65,6 +80,33 @@ struct ConsumerResult {
   float lse[2];  // rows g and g + 8 of this warp's 16 rows
 };
 
+// Ping-pong between the two consumer warpgroups: each brackets every issue
+// of its GEMMs ("issue point") with sync(own barrier) ... arrive(other's
+// barrier), both barriers counting 2 x 128 threads, so the warpgroups issue
+// alternately: WG0 point 0, WG1 point 0, WG0 point 1, WG1 point 1, ...
+// Both warpgroups visit the same key tiles, so both have the same number N
+// of issue points (tiles + 1). Balance, which keeps every barrier phase
+// complete at exit: WG0 skips its first sync (it starts) and WG1 its last
+// arrive (nobody waits for it); then barrier WG0 sees N - 1 syncs and N - 1
+// arrivals, barrier WG1 N and N.
+struct PingPong {
+  static constexpr uint32_t kThreads = 2 * kWarpgroupThreads;
+  bool on;
+  int wg;
+
+  __device__ __forceinline__ uint32_t barrier(int w) const {
+    return ptx::kFirstNamedBarrier + uint32_t(w);
+  }
+  __device__ __forceinline__ void begin(bool first_point) const {
+    if (on && (wg != 0 || !first_point)) ptx::named_barrier_sync(barrier(wg), kThreads);
+  }
+  __device__ __forceinline__ void end(bool last_point) const {
+    if (on && (wg == 0 || !last_point)) ptx::named_barrier_arrive(barrier(1 - wg), kThreads);
+  }
+};
+static_assert(ptx::kFirstNamedBarrier + kConsumerWarpgroups <= ptx::kNamedBarrierCount,
+              "ping-pong barrier IDs out of range");
+
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1), which owns
 // query rows [64 wg, 64 wg + 64) of the tile.
 template <int kD, typename Elem, bool kSoftcap>
@@ -80,6 +122,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   constexpr int kStepsQK = kD / kWgmmaK;
   constexpr int kStepsPV = kBN / kWgmmaK;
   static_assert(kBM == kConsumerWarpgroups * kWgmmaM, "one wgmma M per consumer warpgroup");
+  static_assert(kConsumerWarpgroups == 2, "PingPong pairs exactly two consumer warpgroups");
 
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
@@ -87,62 +130,160 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   const int warp_row0 = wg_row0 + warp * flash::kMmaM;
   const uint32_t q_tile = smem + L::kQ + uint32_t(wg) * kWgmmaM * kSwizzleBytes;
 
+  // Slot addresses and barrier parity of visit `it`, exactly as the producer counts.
+  const auto bar_off = [](int it) { return uint32_t(it % kStages) * L::kBarrierBytes; };
+  const auto parity = [](int it) { return uint32_t(it / kStages) & 1u; };
+  const auto k_tile = [smem](int it) {
+    return smem + L::kK + uint32_t(it % kStages) * L::kKVBytes;
+  };
+  const auto v_tile = [smem](int it) {
+    return smem + L::kV + uint32_t(it % kStages) * L::kKVBytes;
+  };
+  // One arrival per consumer warp releases a slot.
+  const auto release = [lane](uint32_t bar) {
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(bar);
+  };
+
+  // S = Q K^T (the first k-step overwrites S); committed as one group.
+  const auto issue_qk = [q_tile](float(&s)[1][kNT][4], uint32_t k) {
+#pragma unroll
+    for (int kk = 0; kk < kStepsQK; ++kk)
+      ptx::Wgmma<kBN, Elem>::ss(s[0], k_major_desc<kBM>(q_tile, kk), k_major_desc<kBN>(k, kk),
+                                kk > 0);
+    ptx::wgmma_commit();
+  };
+  // O += P V; committed as one group.
+  const auto issue_pv = [](float(&o)[1][kD / 8][4], const uint32_t(&pa)[kStepsPV][4], uint32_t v) {
+#pragma unroll
+    for (int kk = 0; kk < kStepsPV; ++kk)
+      ptx::Wgmma<kD, Elem>::rs(o[0], pa[kk], v_desc<kBN>(v, kk), 1);
+    ptx::wgmma_commit();
+  };
+  // Softcap (before masking), mask, softmax of visit `it`: S becomes P.
+  const auto scores = [&](float(&s)[1][kNT][4], int it, RowSoftmax& sm,
+                          float(&alpha)[kSoftmaxRows]) {
+    const int n0 = (tile.keys.last - it) * kBN;
+    if constexpr (kSoftcap) {
+      if constexpr (kFastSoftcap && Tile::kFastSoftcapAllowed)
+        apply_softcap_1mufu(s, p.score.pre);
+      else
+        flash::apply_softcap(s, p.score.pre);
+    }
+    if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
+      mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY);
+    scores_to_p(sm, s, alpha);
+  };
+  // P as the register A operand: k-step kk is S's n8 blocks 2kk, 2kk+1.
+  const auto to_a = [](uint32_t(&pa)[kStepsPV][4], const float(&s)[1][kNT][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kStepsPV; ++kk)
+      flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+  };
+
   auto& o = out.o;
 #pragma unroll
   for (int i = 0; i < kD / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[0][i][e] = 0.0f;
-  flash::OnlineSoftmax<1> softmax(p.score.mult);
+  RowSoftmax softmax(p.score.mult);
+  float alpha[kSoftmaxRows];
+  float s[1][kNT][4];
+  uint32_t pa[kStepsPV][4];
 
+  // Always wait for Q: the CTA must not exit with its copy in flight.
   ptx::mbar_wait(smem + L::kQFull, 0);
+  const int tiles = tile.keys.last - tile.keys.first + 1;  // the same in both warpgroups
 
-  int it = 0;
-  for (int n_block = tile.keys.last; n_block >= tile.keys.first; --n_block, ++it) {
-    const int stage = it % kStages;
-    const uint32_t parity = uint32_t(it / kStages) & 1u;
-    const uint32_t bar_off = uint32_t(stage) * L::kBarrierBytes;
-    const uint32_t k_tile = smem + L::kK + uint32_t(stage) * L::kKVBytes;
-    const uint32_t v_tile = smem + L::kV + uint32_t(stage) * L::kKVBytes;
-    const int n0 = n_block * kBN;
+  if constexpr (kIntraWarpgroupOverlap) {
+    const PingPong pp{kPingPong && Tile::kPingPongAllowed, wg};
+    // The end of step `it` (its softmax done): retire the P V GEMM of
+    // visit it-1 (none when it == 0; wait_group 0 then returns at once) and
+    // release its V slot, rescale O to step it's row maxima, P(it) to A
+    // fragments.
+    const auto finish_step = [&](int it) {
+      ptx::wgmma_wait<0>();
+      ptx::pin(o[0]);
+      ptx::pin(pa);  // the GEMM read pa until here
+      if (it > 0) release(smem + L::kVEmpty + bar_off(it - 1));
+      rescale_o(o, alpha);
+      to_a(pa, s);
+    };
+    if (tiles > 0) {
+      // Prologue (issue point 0): S(0) alone.
+      ptx::mbar_wait(smem + L::kKFull + bar_off(0), parity(0));
+      pp.begin(/*first_point=*/true);
+      ptx::wgmma_fence();
+      issue_qk(s, k_tile(0));
+      pp.end(/*last_point=*/false);
+      ptx::wgmma_wait<0>();
+      ptx::pin(s[0]);
+      release(smem + L::kKEmpty + bar_off(0));
+      scores(s, 0, softmax, alpha);  // alpha = 0 (row max was -inf); O is 0
 
-    // S = Q K^T (the first k-step overwrites S).
-    float s[1][kNT][4];
-    ptx::mbar_wait(smem + L::kKFull + bar_off, parity);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kStepsQK; ++kk)
-      ptx::Wgmma<kBN, Elem>::ss(s[0], k_major_desc<kBM>(q_tile, kk), k_major_desc<kBN>(k_tile, kk),
-                                kk > 0);
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::pin(s[0]);
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(smem + L::kKEmpty + bar_off);
+      // Issue point it: S(it) and P(it-1) V(it-1) in flight together. The
+      // loop is rotated: an iteration first finishes step it-1 (wait for its
+      // P V GEMM, rescale O, convert P(it-1)), then issues and does the
+      // softmax of S(it). The loop's back edge thus separates the softmax
+      // from the wait_group 0 that follows it; within one basic block ptxas
+      // hoists that wait above the softmax (seen with ptxas 13.0), which
+      // serialises the softmax behind the P V GEMM and undoes the overlap.
+      for (int it = 1; it < tiles; ++it) {
+        finish_step(it - 1);
+        // Both waits before the fence: a spin loop between the fence and a
+        // wgmma makes ptxas inject another warpgroup.arrive (C7519). V(it-1)
+        // was copied before K(it), so waiting for it first costs nothing.
+        ptx::mbar_wait(smem + L::kVFull + bar_off(it - 1), parity(it - 1));
+        ptx::mbar_wait(smem + L::kKFull + bar_off(it), parity(it));
+        pp.begin(false);
+        ptx::pin(s[0]);
+        ptx::pin(o[0]);
+        ptx::pin(pa);
+        ptx::wgmma_fence();
+        issue_qk(s, k_tile(it));
+        issue_pv(o, pa, v_tile(it - 1));
+        pp.end(false);
+        ptx::wgmma_wait<1>();  // S(it) retired; P V may still run
+        ptx::pin(s[0]);
+        release(smem + L::kKEmpty + bar_off(it));
+        scores(s, it, softmax, alpha);  // overlaps the P V GEMM
+      }
+      finish_step(tiles - 1);
 
-    if constexpr (kSoftcap) flash::apply_softcap(s, p.score.pre);
-    if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
-      mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY);
-    softmax.update(s, o);
-
-    // P as the register A operand: k-step kk is S's n8 blocks 2kk, 2kk+1.
-    uint32_t pa[kStepsPV][4];
-#pragma unroll
-    for (int kk = 0; kk < kStepsPV; ++kk)
-      flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-
-    // O += P V.
-    ptx::mbar_wait(smem + L::kVFull + bar_off, parity);
-    ptx::pin(o[0]);
-    ptx::pin(pa);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kStepsPV; ++kk)
-      ptx::Wgmma<kD, Elem>::rs(o[0], pa[kk], v_desc<kBN>(v_tile, kk), 1);
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::pin(o[0]);
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(smem + L::kVEmpty + bar_off);
+      // Epilogue (issue point tiles, the last): P(last) V(last).
+      const int last = tiles - 1;
+      ptx::mbar_wait(smem + L::kVFull + bar_off(last), parity(last));
+      pp.begin(false);
+      ptx::pin(o[0]);
+      ptx::pin(pa);
+      ptx::wgmma_fence();
+      issue_pv(o, pa, v_tile(last));
+      pp.end(/*last_point=*/true);
+      ptx::wgmma_wait<0>();
+      ptx::pin(o[0]);
+      ptx::pin(pa);
+      release(smem + L::kVEmpty + bar_off(last));
+    }
+  } else {
+    for (int it = 0; it < tiles; ++it) {
+      ptx::mbar_wait(smem + L::kKFull + bar_off(it), parity(it));
+      ptx::wgmma_fence();
+      issue_qk(s, k_tile(it));
+      ptx::wgmma_wait<0>();
+      ptx::pin(s[0]);
+      release(smem + L::kKEmpty + bar_off(it));
+      scores(s, it, softmax, alpha);
+      rescale_o(o, alpha);
+      to_a(pa, s);
+      ptx::mbar_wait(smem + L::kVFull + bar_off(it), parity(it));
+      ptx::pin(o[0]);
+      ptx::pin(pa);
+      ptx::wgmma_fence();
+      issue_pv(o, pa, v_tile(it));
+      ptx::wgmma_wait<0>();
+      ptx::pin(o[0]);
+      release(smem + L::kVEmpty + bar_off(it));
+    }
   }
 
   softmax.finalize(o, out.lse);

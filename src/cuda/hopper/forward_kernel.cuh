@@ -3,7 +3,9 @@
 //   warpgroup 0 (producer, setmaxnreg 24): one thread issues every TMA copy
 //     (producer.cuh); the other producer threads exit at once;
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each, wgmma
-//     main loop (consumer.cuh), then the epilogue (epilogue.cuh).
+//     main loop (consumer.cuh; GEMM issues alternate between the two through
+//     named barriers 8 and 9 when ping-pong is on), then the epilogue
+//     (epilogue.cuh).
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp.
 //
 // Only the sm_90a compilation pass has a body: wgmma and setmaxnreg exist

@@ -1,9 +1,11 @@
 // cuda-hopper: the BackendImpl of the sm_90a forward (wgmma, TMA, warp
 // specialisation): what it supports (why_not, why_not_tensor), and the
 // translation of validated TensorRefs into kernel parameters and TMA maps.
-// Backward is not implemented yet and throws. Checked by
+// Backward (bwd::launch_backward) runs d in {64, 128} and refuses d = 256
+// (Auto then takes cuda-flash). Checked by
+// tests/gpu/test_hopper_backward.cpp (backward against the f64 oracle) and
 // tests/gpu/test_hopper_forward.cpp (every feature against the f64 oracle,
-// the refusal messages, backward's error).
+// the refusal messages, backward's refusal at d = 256).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -13,8 +15,11 @@
 #include <utility>
 
 #include "api/backend.hpp"
+#include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
 #include "cuda/flash/problem_args.hpp"
+#include "cuda/flash/tile_sizes.hpp"
+#include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/launchers.hpp"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/tile_sizes.hpp"
@@ -71,6 +76,31 @@ int box_rows_kv(int64_t d) {
 
 hopper::RowStrides strides(const TensorRef& t) { return {t.stride[0], t.stride[1], t.stride[2]}; }
 
+// The backward's extra alignment needs: o is read in 16-byte chunks (the
+// preprocessing kernel), dq, dk, dv are written two elements per 32-bit
+// store. "" when the data pointer and the strides of every dimension longer
+// than 1 are multiples of `bytes`.
+constexpr std::size_t kChunkBytes = 16;
+constexpr std::size_t kPairBytes = 4;
+std::string why_misaligned(const TensorRef& t, const char* name, std::size_t bytes,
+                           const char* use) {
+  const std::size_t elem = dtype_size(t.dtype);
+  if (reinterpret_cast<std::uintptr_t>(t.data) % bytes != 0)
+    return std::string(name) + ".data must be " + std::to_string(bytes) + "-byte aligned for " +
+           use;
+  for (int i = 0; i + 1 < t.rank; ++i)
+    if (t.shape[i] > 1 && (std::size_t(t.stride[i]) * elem) % bytes != 0)
+      return std::string(name) + ".stride[" + std::to_string(i) + "]*" + std::to_string(elem) +
+             " bytes must be a multiple of " + std::to_string(bytes) + " for " + use + " (stride[" +
+             std::to_string(i) + "] = " + std::to_string(t.stride[i]) + ")";
+  return "";
+}
+
+int64_t tq_padded(int64_t tq) {
+  constexpr int64_t kAlign = flash::kWorkspaceRowAlign;
+  return (tq + kAlign - 1) / kAlign * kAlign;
+}
+
 class CudaHopperBackend final : public BackendImpl {
  public:
   Backend id() const override { return Backend::CudaHopper; }
@@ -113,10 +143,15 @@ class CudaHopperBackend final : public BackendImpl {
 
   std::string why_not_tensor(const TensorRef& t, const char* name) const override {
     std::string r = cuda::why_not_device_pointer(t.data, name);
-    // q, k, v are read by TMA and need its alignment; o and lse are written
-    // with plain stores.
+    // q, k, v (and the backward's do) are read by TMA and need its
+    // alignment; dq, dk, dv are written two elements per 32-bit store; o and
+    // lse are written with plain stores (backward() checks o's 16-byte
+    // chunks, as o is an input there).
     const std::string role = name;
-    if (r.empty() && (role == "q" || role == "k" || role == "v")) r = hopper::why_not_tma(t, name);
+    if (r.empty() && (role == "q" || role == "k" || role == "v" || role == "do"))
+      r = hopper::why_not_tma(t, name);
+    if (r.empty() && (role == "dq" || role == "dk" || role == "dv"))
+      r = why_misaligned(t, name, kPairBytes, "32-bit stores");
     return r;
   }
 
@@ -145,13 +180,91 @@ class CudaHopperBackend final : public BackendImpl {
     }
   }
 
-  // Forward only for now: Auto takes cuda-flash for backward.
-  std::string why_not_backward(const Problem&, DType, Device) const override {
-    return "not supported: backward is not implemented yet (use cuda-flash)";
+  // d in {64, 128}; for d = 256 Auto takes cuda-flash (dispatch tries the
+  // backends in order).
+  std::string why_not_backward(const Problem& p, DType dtype, Device device) const override {
+    const std::string r = why_not(p, dtype, device);
+    if (!r.empty()) return r;
+    if (!hopper::bwd::head_dim_supported(p.d))
+      return "not supported: cuda-hopper backward supports d in {64, 128} so far (got d=" +
+             std::to_string(p.d) + "); use cuda-flash";
+    const int64_t grid = std::max(
+        {hopper::bwd::dkdv_blocks(p.B, p.Hkv, p.Tk), hopper::bwd::dq_blocks(p.B, p.H, p.Tq),
+         hopper::bwd::ceil_div(p.B * p.H * tq_padded(p.Tq), flash::kPreprocessRowsPerBlock)});
+    if (grid > kMaxGridX)
+      return "not supported: cuda-hopper backward needs at most 2^31-1 thread blocks (" +
+             std::to_string(grid) + " blocks)";
+#ifdef GQATTN_HOPPER_SM90A
+    const std::size_t need = p.d == 64 ? hopper::bwd::backward_smem_bytes<64>()
+                                       : hopper::bwd::backward_smem_bytes<128>();
+    const std::size_t have = cuda::current_device_properties().max_shared_per_block_optin;
+    if (need > have)
+      return "not supported: cuda-hopper backward d=" + std::to_string(p.d) + " needs " +
+             std::to_string(need / 1024) + " KB of shared memory per block, the device allows " +
+             std::to_string(have / 1024) + " KB";
+#endif
+    return "";
   }
-  void backward(const BackwardArgs&) const override {
-    throw Error("backend",
-                "cuda-hopper: not supported: backward is not implemented yet (use cuda-flash)");
+
+  void backward(const BackwardArgs& a) const override {
+    // o is read in 16-byte chunks by cuda-flash's preprocessing kernel.
+    const std::string o_reason =
+        why_misaligned(a.o, "o", kChunkBytes, "the backward's 16-byte loads");
+    if (!o_reason.empty()) throw Error("backend", "cuda-hopper: " + o_reason);
+    const int64_t d = a.problem.d;
+    hopper::bwd::BackwardParams p;
+    p.q_map = hopper::make_tile_map(a.q, hopper::bwd::kBoxRows, "q");
+    p.k_map = hopper::make_tile_map(a.k, hopper::bwd::kBoxRows, "k");
+    p.v_map = hopper::make_tile_map(a.v, hopper::bwd::kBoxRows, "v");
+    p.do_map = hopper::make_tile_map(a.dout, hopper::bwd::kBoxRows, "do");
+    flash::BackwardParams& c = p.c;
+    c.q = a.q.data;
+    c.k = a.k.data;
+    c.v = a.v.data;
+    c.o = a.o.data;
+    c.lse = static_cast<const float*>(a.lse.data);
+    c.dout = a.dout.data;
+    c.dq = a.dq.data;
+    c.dk = a.dk.data;
+    c.dv = a.dv.data;
+    c.q_stride = strides(a.q);
+    c.k_stride = strides(a.k);
+    c.v_stride = strides(a.v);
+    c.o_stride = strides(a.o);
+    c.do_stride = strides(a.dout);
+    c.dq_stride = strides(a.dq);
+    c.dk_stride = strides(a.dk);
+    c.dv_stride = strides(a.dv);
+    c.lse_batch_stride = a.lse.stride[0];
+    c.lse_head_stride = a.lse.stride[1];
+    c.B = int(a.problem.B);
+    c.H = int(a.problem.H);
+    c.Hkv = int(a.problem.Hkv);
+    c.mask = flash::mask_args(a.problem);
+    c.score = flash::score_args(a.problem);
+    const int64_t padded = tq_padded(a.problem.Tq);
+    c.tq_padded = int(padded);
+
+    // Workspace: lse2 and D, [B*H, tq_padded] f32 each, on the caller's
+    // stream (cudaMallocAsync: 256-byte aligned, as the bulk copies need).
+    const auto stream = static_cast<cudaStream_t>(a.options.stream);
+    const std::size_t rows = std::size_t(a.problem.B * a.problem.H * padded);
+    void* workspace = nullptr;
+    GQATTN_CUDA_CHECK(cudaMallocAsync(&workspace, 2 * rows * sizeof(float), stream));
+    c.lse2 = static_cast<float*>(workspace);
+    c.dsum = c.lse2 + rows;
+    const hopper::ElemType elem =
+        a.q.dtype == DType::bf16 ? hopper::ElemType::bf16 : hopper::ElemType::f16;
+    try {
+      if (d == 64)
+        hopper::bwd::launch_backward<64>(p, elem, a.options.stream);
+      else
+        hopper::bwd::launch_backward<128>(p, elem, a.options.stream);
+    } catch (...) {
+      cudaFreeAsync(workspace, stream);
+      throw;
+    }
+    GQATTN_CUDA_CHECK(cudaFreeAsync(workspace, stream));
   }
 };
 

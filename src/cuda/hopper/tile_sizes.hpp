@@ -40,19 +40,47 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
                   65536,
               "register split exceeds the register file");
 
+// Schedule switches of the consumer main loop (consumer.cuh). Each can be
+// turned off alone; off gives the previous, simpler schedule.
+// - kIntraWarpgroupOverlap: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1)
+//   back to back and do the softmax of S(n) while the P V GEMM runs
+//   (FlashAttention-3's intra-warpgroup pipelining). Off: every GEMM is
+//   waited for before the next step (the first H200 version).
+// - kPingPong: the two consumer warpgroups take turns issuing their GEMMs
+//   (named barriers, consumer.cuh PingPong), so one warpgroup's softmax runs
+//   while the other's GEMMs occupy the tensor cores. Only with
+//   kIntraWarpgroupOverlap and only for tiles whose ForwardTile::kPingPongAllowed
+//   is set (FlashAttention-3: d <= 128).
+// - kFastSoftcap: softcap's tanh with one MUFU op (ex2) and the reciprocal
+//   by FMA Newton steps (softcap.cuh) instead of cuda-flash's
+//   apply_softcap (ex2 + rcp: two MUFU ops on top of the softmax's ex2).
+//   Only for tiles whose ForwardTile::kFastSoftcapAllowed is set.
+constexpr bool kIntraWarpgroupOverlap = true;
+constexpr bool kPingPong = true;
+constexpr bool kFastSoftcap = true;
+
 template <int kD>
 struct ForwardTile;
 template <>
 struct ForwardTile<64> {
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr bool kPingPongAllowed = true;
+  static constexpr bool kFastSoftcapAllowed = true;
 };
 template <>
 struct ForwardTile<128> {
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr bool kPingPongAllowed = true;
+  static constexpr bool kFastSoftcapAllowed = true;
 };
 template <>
 struct ForwardTile<256> {
   static constexpr int kBlockM = 128, kBlockN = 64, kStages = 2;
+  static constexpr bool kPingPongAllowed = false;  // FlashAttention-3: no ping-pong for d256
+  // With O (128 registers) and P in flight during the softmax, the longer
+  // tanh spills 9 registers (ptxas 13.0); d256's softmax has half the
+  // elements per GEMM FLOP of d128, so the MUFU pipe does not bound it.
+  static constexpr bool kFastSoftcapAllowed = false;
 };
 
 // Byte offsets of one CTA's shared memory, from a 1024-byte aligned base:

@@ -1,0 +1,55 @@
+// cuda-flash: the ordered-dQ path's postprocess (DqStrategy::kOrdered). The
+// dK/dV kernel leaves dQ / scale in the f32 accumulator [B*H, tq_padded, d]
+// for every query tile some key tile visited (its counter is then nonzero);
+// this kernel writes dq = accumulator * scale as 16-bit values, and 0 for
+// the rows of query tiles no key tile visited (rows with no kept key, whose
+// accumulator rows were never written). Checked through the ordered-dQ
+// tests in tests/gpu/test_flash_correctness.cpp.
+//
+// One thread per 8 elements of a row (two 16-byte loads, one 16-byte store).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash/mma.cuh"
+#include "cuda/flash/params.hpp"
+#include "cuda/flash/tile_io.cuh"
+#include "cuda/flash/tile_sizes.hpp"
+
+namespace gqattn::flash {
+
+template <int kD, typename Elem>
+__global__ void __launch_bounds__(kDqPostThreads)
+    backward_dq_postprocess_kernel(const BackwardParams p) {
+  static_assert(kDqPostElemsPerThread == kElemsPerChunk, "one 16-byte chunk per thread");
+  constexpr int kChunks = kD / kElemsPerChunk;  // per row
+  constexpr int kBM = DkdvTile<kD>::kBlockM;    // rows per counter
+  const int64_t gid = int64_t(blockIdx.x) * kDqPostThreads + threadIdx.x;
+  const int64_t row = gid / kChunks;  // over [B*H, tq_padded]
+  const int chunk = int(gid % kChunks);
+  const int bh = int(row / p.tq_padded);
+  const int i = int(row % p.tq_padded);
+  if (bh >= p.B * p.H || i >= p.mask.tq) return;
+  const int b = bh / p.H;
+  const int h = bh % p.H;
+  const bool visited = p.dq_counters[int64_t(bh) * (p.tq_padded / kBM) + i / kBM] != 0;
+
+  float x[kElemsPerChunk] = {};
+  if (visited) {
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row * kD) + 2 * chunk;
+    const float4 u = src[0], w = src[1];
+    const float s = p.score.scale;
+    x[0] = u.x * s, x[1] = u.y * s, x[2] = u.z * s, x[3] = u.w * s;
+    x[4] = w.x * s, x[5] = w.y * s, x[6] = w.z * s, x[7] = w.w * s;
+  }
+  uint4 out;
+  out.x = pack2<Elem>(x[0], x[1]);
+  out.y = pack2<Elem>(x[2], x[3]);
+  out.z = pack2<Elem>(x[4], x[5]);
+  out.w = pack2<Elem>(x[6], x[7]);
+  Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch + int64_t(i) * p.dq_stride.row +
+             h * p.dq_stride.head + chunk * kElemsPerChunk;
+  *reinterpret_cast<uint4*>(dq) = out;
+}
+
+}  // namespace gqattn::flash

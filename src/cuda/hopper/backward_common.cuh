@@ -1,0 +1,120 @@
+// cuda-hopper: device helpers shared by the backward's dK/dV and dQ kernels:
+// the shared-memory matrix descriptors of K-major and MN-major operands,
+// loading a [rows x d] tile by TMA as 64-row boxes, and the plain stores of
+// a warpgroup's f32 accumulator rows. Checked by compiling for sm_90a
+// (`-Xptxas -v`, SASS HGMMA) and by tests/gpu/test_hopper_backward.cpp.
+//
+// Shared-memory tiles (as in the forward, docs/hopper.md): a [rows x d]
+// tile is d/64 column blocks of [rows][64] elements (128-byte rows, 128-byte
+// swizzle), each block starting on a 1024-byte boundary (descriptor base
+// offset 0). A consumer warpgroup's 64-row slice of a taller tile starts
+// 64 x 128 = 8192 bytes further, still a multiple of 1024.
+// - K-major operand (the reduction runs along d: Q, K, V, dO in S = Q K^T,
+//   dP = dO V^T and their transposes): a k16 step moves 32 bytes along the
+//   row, every 4 steps the next column block (rows x 128 bytes further);
+//   8-row groups 1024 bytes apart (SBO); LBO unused.
+// - MN-major operand (the reduction runs along the rows, N along d: dO, Q in
+//   dV += P^T dO and dK += dS^T Q, K in dQ += dS K): a k16 step is 16 rows =
+//   2048 bytes; SBO = 1024 (next 8 rows, K direction); LBO = rows x 128
+//   bytes (next 64 columns of d, N direction: the next column block).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash/mma.cuh"
+#include "cuda/hopper/backward_params.hpp"
+#include "cuda/hopper/ptx/tma.cuh"
+#include "cuda/hopper/ptx/wgmma.cuh"
+#include "cuda/hopper/tile_sizes.hpp"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GQATTN_HOPPER_BWD_DEVICE_CODE 1
+#endif
+
+namespace gqattn::hopper::bwd {
+
+constexpr uint32_t kKStepBytes = kWgmmaK * kElemBytes;            // 32: one k16 step along a row
+constexpr uint32_t kStepsPerColBlock = kColBlock / kWgmmaK;       // 4
+constexpr uint32_t kRowGroupBytes = kSwizzleAtomBytes;            // SBO: 8 rows x 128 B
+constexpr uint32_t kUnusedLbo = 16;                               // K-major swizzled: ignored
+constexpr uint32_t kRowStepBytes = kWgmmaK * kSwizzleBytes;       // 16 rows of one column block
+constexpr uint32_t kWarpgroupRowBytes = kWgmmaM * kSwizzleBytes;  // 64 rows: 8192
+
+// One mbarrier arrival per consumer warp releases a slot; the producer's
+// arrive.expect_tx is the only arrival on a full barrier.
+constexpr uint32_t kEmptyArrivals = kBwdConsumerWarps;
+constexpr uint32_t kFullArrivals = 1;
+
+// K-step kk of a K-major operand whose column blocks hold kBlockRows rows;
+// `base` is the operand's first row (a tile, or a warpgroup's slice of it).
+template <int kBlockRows>
+__device__ __forceinline__ uint64_t k_major(uint32_t base, int kk) {
+  const uint32_t addr = base +
+                        uint32_t(kk) / kStepsPerColBlock * (uint32_t(kBlockRows) * kSwizzleBytes) +
+                        uint32_t(kk) % kStepsPerColBlock * kKStepBytes;
+  return ptx::make_desc_sw128(addr, kUnusedLbo, kRowGroupBytes);
+}
+
+// K-step kk (rows 16 kk .. 16 kk + 15) of an MN-major operand: a tile of
+// kBlockRows rows whose N runs along d.
+template <int kBlockRows>
+__device__ __forceinline__ uint64_t mn_major(uint32_t tile, int kk) {
+  return ptx::make_desc_sw128(tile + uint32_t(kk) * kRowStepBytes,
+                              uint32_t(kBlockRows) * kSwizzleBytes, kRowGroupBytes);
+}
+
+// Copies rows [row0, row0 + kRows) of (head, batch) of `map` (boxes of
+// kBoxRows rows) into the tile at `dst` (d/64 blocks of [kRows][64]); the
+// bytes complete on `bar`. Rows past the tensor's end arrive as zeros and
+// still count kRows x d x 2 bytes.
+template <int kD, int kRows>
+__device__ __forceinline__ void load_rows(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                          int row0, int head, int batch) {
+  static_assert(kRows % kBoxRows == 0, "tiles are whole boxes");
+  constexpr uint32_t kBlockBytes = uint32_t(kRows) * kSwizzleBytes;
+  constexpr uint32_t kBoxBytes = uint32_t(kBoxRows) * kSwizzleBytes;
+#pragma unroll
+  for (int c = 0; c < kD / kColBlock; ++c)
+#pragma unroll
+    for (int r = 0; r < kRows / kBoxRows; ++r)
+      ptx::tma_load_4d(dst + c * kBlockBytes + r * kBoxBytes, map, bar, c * kColBlock, head,
+                       row0 + r * kBoxRows, batch);
+}
+
+// Stores a consumer warp's 16 accumulator rows (times `mult`) to `out` +
+// row * row_stride, rows `row0 + g` and `row0 + g + 8`, those < `rows_end`
+// only; two columns per 32-bit store (the output's strides are even and
+// its data 4-byte aligned: hopper_backend.cpp's why_not_tensor).
+template <int kD, typename Elem>
+__device__ __forceinline__ void store_rows(Elem* out, int64_t row_stride, int row0, int rows_end,
+                                           const float (&acc)[kD / 8][4], float mult) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int col0 = flash::frag_col(lane);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + flash::frag_row(lane) + half * flash::kFragRowHalf;
+    if (row >= rows_end) continue;
+    Elem* dst = out + int64_t(row) * row_stride + col0;
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i)
+      *reinterpret_cast<uint32_t*>(dst + i * 8) =
+          flash::pack2<Elem>(acc[i][2 * half] * mult, acc[i][2 * half + 1] * mult);
+  }
+}
+
+// dS = P o dp packed as the 16-bit A fragment of k-step kk (n8 blocks 2kk,
+// 2kk + 1 of the accumulators, see ptx/wgmma.cuh).
+template <typename Elem, int kNT>
+__device__ __forceinline__ void ds_to_a(uint32_t (&a)[4], const float (&p)[kNT][4],
+                                        const float (&dp)[kNT][4], int kk) {
+  const float(&p0)[4] = p[2 * kk];
+  const float(&p1)[4] = p[2 * kk + 1];
+  const float(&d0)[4] = dp[2 * kk];
+  const float(&d1)[4] = dp[2 * kk + 1];
+  a[0] = flash::pack2<Elem>(p0[0] * d0[0], p0[1] * d0[1]);
+  a[1] = flash::pack2<Elem>(p0[2] * d0[2], p0[3] * d0[3]);
+  a[2] = flash::pack2<Elem>(p1[0] * d1[0], p1[1] * d1[1]);
+  a[3] = flash::pack2<Elem>(p1[2] * d1[2], p1[3] * d1[3]);
+}
+
+}  // namespace gqattn::hopper::bwd

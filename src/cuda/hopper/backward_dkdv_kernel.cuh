@@ -1,0 +1,261 @@
+// cuda-hopper: the backward's dK/dV kernel (sm_90a, wgmma, TMA, warp
+// specialisation). One CTA of 384 threads per (key tile of 128, kv head,
+// batch) walks the query tiles of every query head of the GQA group that the
+// mask policy says see the key tile, so dK and dV are accumulated in
+// registers once per kv head (never expanded to H heads in memory) and
+// written once, in a fixed order: deterministic, no atomics. Checked against
+// the f64 oracle by tests/gpu/test_hopper_backward.cpp.
+//
+//   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads K, V once, then
+//     per step Q, dO (TMA) and lse2, D (bulk copy) into a 2-slot ring;
+//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each, per step
+//     S^T = K Q^T, dP^T = V dO^T        (wgmma SS, N = 64 queries)
+//     P^T = 2^(v * mult - lse2)          (masked elements 0)
+//     dS^T = P^T o (dP^T - D) [o (1 - v^2) under softcap, v before masking]
+//     dV += P^T dO, dK += dS^T Q         (wgmma RS: P^T, dS^T straight from
+//                                         the accumulators; dO, Q MN-major)
+//   then dK *= scale and plain stores of the rows < Tk.
+//
+// Barriers (DkdvSmem): kv_full (count 1, phase 0 only); per slot s full[s]
+// (count 1: the producer's arrive.expect_tx of Q + dO + lse2 + D bytes) and
+// empty[s] (count 8: lane 0 of every consumer warp after the step's last
+// wgmma has completed). Step t uses slot t % 2 with parity (t / 2) & 1; the
+// producer waits empty with the opposite parity (its first pass through the
+// ring does not block). Producer and consumers derive the same step count
+// from the same MaskPolicy; with no step, nothing is loaded or waited for
+// and zeros are stored. Shared memory is written only by TMA/bulk copies
+// (async proxy) and read by wgmma (async proxy) or, for lse2 / D, by
+// ordinary loads after the full barrier's wait (which orders them).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/flash/mask.cuh"
+#include "cuda/flash/mma.cuh"
+#include "cuda/hopper/backward_common.cuh"
+#include "cuda/hopper/backward_params.hpp"
+#include "cuda/hopper/ptx/bulk_copy.cuh"
+#include "cuda/hopper/ptx/mbarrier.cuh"
+#include "cuda/hopper/ptx/tma.cuh"
+#include "cuda/hopper/ptx/warpgroup.cuh"
+#include "cuda/hopper/ptx/wgmma.cuh"
+#include "cuda/hopper/ptx/wgmma_ops.cuh"
+
+namespace gqattn::hopper::bwd {
+
+// The work of one dK/dV CTA, computed identically by producer and consumers.
+struct DkdvWork {
+  int n0;     // first key of the tile
+  int b, hk;  // batch, kv head
+  int group;  // query heads per kv head
+  int first;  // first query tile visited
+  int num_m;  // query tiles visited per head
+  int steps;  // group * num_m, or 0
+  // Step t: query head hk * group + t / num_m, query tile first + t % num_m.
+  __device__ int head(int t) const { return hk * group + t / num_m; }
+  __device__ int m0(int t, int block_m) const { return (first + t % num_m) * block_m; }
+};
+
+template <int kBlockN, int kBlockM>
+__device__ __forceinline__ DkdvWork dkdv_work(const flash::BackwardParams& p,
+                                              const flash::MaskPolicy& mask) {
+  DkdvWork w;
+  const int num_bhk = p.B * p.Hkv;
+  const int n_block = int(blockIdx.x) / num_bhk;  // the first key tiles (most queries) first
+  w.b = (int(blockIdx.x) % num_bhk) / p.Hkv;
+  w.hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
+  w.group = p.H / p.Hkv;
+  w.n0 = n_block * kBlockN;
+  const flash::BlockRange range = mask.query_blocks(w.n0, min(kBlockN, mask.tk - w.n0), kBlockM);
+  w.first = range.first;
+  w.num_m = range.last - range.first + 1;
+  w.steps = w.num_m > 0 ? w.group * w.num_m : 0;
+  return w;
+}
+
+// Run by exactly one thread of the CTA.
+template <int kD>
+__device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const DkdvWork& w,
+                                             uint32_t smem) {
+  using Tile = DkdvTile<kD>;
+  using L = DkdvSmem<kD>;
+  constexpr int kBM = Tile::kBlockM;
+  if (w.steps == 0) return;
+  ptx::tma_prefetch(&p.q_map);
+  ptx::tma_prefetch(&p.k_map);
+  ptx::tma_prefetch(&p.v_map);
+  ptx::tma_prefetch(&p.do_map);
+
+  ptx::mbar_arrive_expect_tx(smem + L::kKVFull, 2 * L::kKVBytes);
+  load_rows<kD, Tile::kBlockN>(smem + L::kK, &p.k_map, smem + L::kKVFull, w.n0, w.hk, w.b);
+  load_rows<kD, Tile::kBlockN>(smem + L::kV, &p.v_map, smem + L::kKVFull, w.n0, w.hk, w.b);
+
+  for (int t = 0; t < w.steps; ++t) {
+    const int stage = t % Tile::kStages;
+    const uint32_t parity = uint32_t(t / Tile::kStages) & 1u;
+    const uint32_t full = smem + L::kFull + uint32_t(stage) * L::kBarrierBytes;
+    const int h = w.head(t);
+    const int m0 = w.m0(t, kBM);
+    ptx::mbar_wait(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes, parity ^ 1u);
+    ptx::mbar_arrive_expect_tx(full, L::kStageTxBytes);
+    load_rows<kD, kBM>(smem + L::kQ + uint32_t(stage) * L::kQBytes, &p.q_map, full, m0, h, w.b);
+    load_rows<kD, kBM>(smem + L::kDo + uint32_t(stage) * L::kQBytes, &p.do_map, full, m0, h, w.b);
+    // Workspace rows of (b, h), queries m0 .. m0 + kBM - 1: inside the row
+    // (tq_padded is a multiple of 128 >= m0 + kBM) and 256-byte aligned.
+    const int64_t ws = (int64_t(w.b) * p.c.H + h) * p.c.tq_padded + m0;
+    ptx::bulk_load(smem + L::kLse2 + uint32_t(stage) * L::kRowBytes, p.c.lse2 + ws, L::kRowBytes,
+                   full);
+    ptx::bulk_load(smem + L::kDsum + uint32_t(stage) * L::kRowBytes, p.c.dsum + ws, L::kRowBytes,
+                   full);
+  }
+}
+
+// Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
+// [n0 + 64 wg, n0 + 64 wg + 64).
+template <int kD, typename Elem, bool kSoftcap>
+__device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const DkdvWork& w,
+                                             const flash::MaskPolicy& mask, uint32_t smem,
+                                             const unsigned char* smem_ptr, int wg) {
+  using Tile = DkdvTile<kD>;
+  using L = DkdvSmem<kD>;
+  constexpr int kBN = Tile::kBlockN;
+  constexpr int kBM = Tile::kBlockM;
+  constexpr int kNT = kBM / 8;            // n8 blocks of S^T, dP^T (queries)
+  constexpr int kStepsD = kD / kWgmmaK;   // k-steps of S^T, dP^T
+  constexpr int kStepsM = kBM / kWgmmaK;  // k-steps of dV, dK
+  static_assert(kBN == kBwdConsumerWarpgroups * kWgmmaM, "one wgmma M of keys per warpgroup");
+
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
+  const int wg_key0 = w.n0 + wg * kWgmmaM;
+  const int warp_key0 = wg_key0 + warp * flash::kMmaM;
+  const uint32_t k_wg = smem + L::kK + uint32_t(wg) * kWarpgroupRowBytes;
+  const uint32_t v_wg = smem + L::kV + uint32_t(wg) * kWarpgroupRowBytes;
+
+  float dk[kD / 8][4], dv[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
+
+  if (w.steps > 0) ptx::mbar_wait(smem + L::kKVFull, 0);
+
+  for (int t = 0; t < w.steps; ++t) {
+    const int stage = t % Tile::kStages;
+    const uint32_t parity = uint32_t(t / Tile::kStages) & 1u;
+    const int m0 = w.m0(t, kBM);
+    const uint32_t q_tile = smem + L::kQ + uint32_t(stage) * L::kQBytes;
+    const uint32_t do_tile = smem + L::kDo + uint32_t(stage) * L::kQBytes;
+    const float* lse2 = reinterpret_cast<const float*>(smem_ptr + L::kLse2 + stage * L::kRowBytes);
+    const float* dsum = reinterpret_cast<const float*>(smem_ptr + L::kDsum + stage * L::kRowBytes);
+
+    // S^T = K Q^T and dP^T = V dO^T, one group (first k-steps overwrite).
+    float s[1][kNT][4], dp[1][kNT][4];
+    ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kStepsD; ++kk)
+      ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < kStepsD; ++kk)
+      ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::pin(s[0]);
+    ptx::pin(dp[0]);
+
+    // s <- P^T, dp <- (dP^T - D) [* (1 - v^2)]; columns are queries. Rows
+    // past Tq have lse2 = +inf (P = 0) and D = 0 (workspace padding).
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * flash::kMmaN + flash::frag_col(lane) + (e & 1);
+        float v = s[0][nt][e];
+        float dpd = dp[0][nt][e] - dsum[col];
+        if constexpr (kSoftcap) {
+          v = flash::softcap_tanh(v * p.c.score.pre);
+          dpd *= 1.0f - v * v;
+        }
+        s[0][nt][e] = flash::fast_exp2(fmaf(v, p.c.score.mult, -lse2[col]));
+        dp[0][nt][e] = dpd;
+      }
+    if (!mask.fully_kept(m0, kBM, wg_key0, kWgmmaM))
+      mask.apply</*kRowsAreKeys=*/true>(s, warp_key0, m0, lane, 0.0f);
+
+    // P^T and dS^T as register A operands: k-step kk = n8 blocks 2kk, 2kk+1.
+    uint32_t pa[kStepsM][4], dsa[kStepsM][4];
+#pragma unroll
+    for (int kk = 0; kk < kStepsM; ++kk) {
+      flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+      ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+    }
+
+    // dV += P^T dO, dK += dS^T Q (B operands MN-major: N runs along d).
+    ptx::pin(dv);
+    ptx::pin(dk);
+    ptx::pin(pa);
+    ptx::pin(dsa);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kStepsM; ++kk)
+      ptx::Wgmma<kD, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile, kk), 1);
+#pragma unroll
+    for (int kk = 0; kk < kStepsM; ++kk)
+      ptx::Wgmma<kD, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile, kk), 1);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::pin(dv);
+    ptx::pin(dk);
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
+  }
+
+  const flash::BackwardParams& c = p.c;
+  Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head;
+  Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head;
+  store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, mask.tk, dk, c.score.scale);
+  store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, mask.tk, dv, 1.0f);
+}
+
+template <int kD, typename Elem, bool kSoftcap>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
+#ifdef GQATTN_HOPPER_BWD_DEVICE_CODE
+  using Tile = DkdvTile<kD>;
+  using L = DkdvSmem<kD>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Swizzled tiles need 1024-byte alignment (DkdvSmem allots the slack).
+  const uint32_t smem_unaligned = uint32_t(__cvta_generic_to_shared(smem_raw));
+  const uint32_t smem = (smem_unaligned + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1);
+  const unsigned char* smem_ptr = smem_raw + (smem - smem_unaligned);
+
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(smem + L::kKVFull, kFullArrivals);
+#pragma unroll
+    for (int s = 0; s < Tile::kStages; ++s) {
+      ptx::mbar_init(smem + L::kFull + uint32_t(s) * L::kBarrierBytes, kFullArrivals);
+      ptx::mbar_init(smem + L::kEmpty + uint32_t(s) * L::kBarrierBytes, kEmptyArrivals);
+    }
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+
+  const flash::MaskPolicy mask(p.c.mask);
+  const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM>(p.c, mask);
+  const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kBwdProducerRegisters>();
+    if (threadIdx.x == 0) dkdv_produce<kD>(p, w, smem);
+    return;
+  }
+  ptx::setmaxnreg_inc<kBwdConsumerRegisters>();
+  dkdv_consume<kD, Elem, kSoftcap>(p, w, mask, smem, smem_ptr, warpgroup - 1);
+#else
+  (void)p;
+  __trap();  // no sm_90a code in this pass: never launched (see why_not)
+#endif
+}
+
+}  // namespace gqattn::hopper::bwd

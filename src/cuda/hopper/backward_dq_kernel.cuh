@@ -1,0 +1,235 @@
+// cuda-hopper: the backward's dQ kernel (sm_90a, wgmma, TMA, warp
+// specialisation). One CTA of 384 threads per (query tile of 128, head,
+// batch) walks the key tiles the mask policy says the tile visits (last
+// first), recomputing S and dP there, and accumulates dQ in registers:
+//   S = Q K^T, dP = dO V^T               (wgmma SS, N = 64 keys)
+//   P = 2^(v * mult - lse2)              (masked elements 0)
+//   dS = P o (dP - D) [o (1 - v^2) under softcap, v before masking]
+//   dQ += dS K                           (wgmma RS: dS from the
+//                                         accumulators; K MN-major)
+// then dQ *= scale and plain stores of the rows < Tq. Each dQ element is
+// one thread's fixed-order sum: deterministic without atomics. Checked
+// against the f64 oracle by tests/gpu/test_hopper_backward.cpp.
+//
+//   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads Q and dO once,
+//     then K and V of each visited key tile into a 2-slot ring;
+//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each.
+//
+// Why a separate kernel (docs/hopper.md): the dK/dV kernel would otherwise
+// have to reduce dQ across key tiles, through global atomics (not
+// deterministic) or FlashAttention-3's semaphore-ordered reduce-adds.
+// Recomputing S and dP costs 2 of the backward's 7 GEMMs (vs 5).
+//
+// Barriers (DqSmem): q_full (count 1, phase 0 only); per slot s full[s]
+// (count 1: arrive.expect_tx of the K and V bytes) and empty[s] (count 8:
+// lane 0 of every consumer warp after dQ += dS K, the last reader of K, has
+// completed). Key tile number `it` (0 for the last visited tile) uses slot
+// it % 2 with parity (it / 2) & 1; the producer waits empty with the
+// opposite parity. With no key tile to visit, nothing is loaded or waited
+// for and zeros are stored.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/flash/mask.cuh"
+#include "cuda/flash/mma.cuh"
+#include "cuda/hopper/backward_common.cuh"
+#include "cuda/hopper/backward_params.hpp"
+#include "cuda/hopper/ptx/mbarrier.cuh"
+#include "cuda/hopper/ptx/tma.cuh"
+#include "cuda/hopper/ptx/warpgroup.cuh"
+#include "cuda/hopper/ptx/wgmma.cuh"
+#include "cuda/hopper/ptx/wgmma_ops.cuh"
+
+namespace gqattn::hopper::bwd {
+
+struct DqWork {
+  int m0;  // first query row of the tile
+  int b, h, hk;
+  flash::BlockRange keys;  // walked from keys.last down to keys.first
+};
+
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ DqWork dq_work(const flash::BackwardParams& p,
+                                          const flash::MaskPolicy& mask) {
+  DqWork w;
+  const int num_bh = p.B * p.H;
+  const int num_m = int(gridDim.x) / num_bh;
+  const int m_block = num_m - 1 - int(blockIdx.x) / num_bh;  // longest (last) tiles first
+  const int bh = int(blockIdx.x) % num_bh;
+  w.b = bh / p.H;
+  w.h = bh % p.H;
+  w.hk = w.h / (p.H / p.Hkv);
+  w.m0 = m_block * kBlockM;
+  w.keys = mask.key_blocks(w.m0, min(kBlockM, mask.tq - w.m0), kBlockN);
+  return w;
+}
+
+// Run by exactly one thread of the CTA.
+template <int kD>
+__device__ __forceinline__ void dq_produce(const BackwardParams& p, const DqWork& w,
+                                           uint32_t smem) {
+  using Tile = DqTile<kD>;
+  using L = DqSmem<kD>;
+  constexpr int kBN = Tile::kBlockN;
+  if (w.keys.last < w.keys.first) return;
+  ptx::tma_prefetch(&p.q_map);
+  ptx::tma_prefetch(&p.k_map);
+  ptx::tma_prefetch(&p.v_map);
+  ptx::tma_prefetch(&p.do_map);
+
+  ptx::mbar_arrive_expect_tx(smem + L::kQFull, 2 * L::kQBytes);
+  load_rows<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, w.m0, w.h, w.b);
+  load_rows<kD, Tile::kBlockM>(smem + L::kDo, &p.do_map, smem + L::kQFull, w.m0, w.h, w.b);
+
+  int it = 0;
+  for (int n_block = w.keys.last; n_block >= w.keys.first; --n_block, ++it) {
+    const int stage = it % Tile::kStages;
+    const uint32_t parity = uint32_t(it / Tile::kStages) & 1u;
+    const uint32_t full = smem + L::kFull + uint32_t(stage) * L::kBarrierBytes;
+    const int n0 = n_block * kBN;
+    ptx::mbar_wait(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes, parity ^ 1u);
+    ptx::mbar_arrive_expect_tx(full, 2 * L::kKVBytes);
+    load_rows<kD, kBN>(smem + L::kK + uint32_t(stage) * L::kKVBytes, &p.k_map, full, n0, w.hk, w.b);
+    load_rows<kD, kBN>(smem + L::kV + uint32_t(stage) * L::kKVBytes, &p.v_map, full, n0, w.hk, w.b);
+  }
+}
+
+// Run by all 128 threads of consumer warpgroup `wg` (0 or 1): query rows
+// [m0 + 64 wg, m0 + 64 wg + 64).
+template <int kD, typename Elem, bool kSoftcap>
+__device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork& w,
+                                           const flash::MaskPolicy& mask, uint32_t smem, int wg) {
+  using Tile = DqTile<kD>;
+  using L = DqSmem<kD>;
+  constexpr int kBM = Tile::kBlockM;
+  constexpr int kBN = Tile::kBlockN;
+  constexpr int kNT = kBN / 8;            // n8 blocks of S, dP (keys)
+  constexpr int kStepsD = kD / kWgmmaK;   // k-steps of S, dP
+  constexpr int kStepsN = kBN / kWgmmaK;  // k-steps of dQ
+  static_assert(kBM == kBwdConsumerWarpgroups * kWgmmaM, "one wgmma M of queries per warpgroup");
+
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
+  const int wg_row0 = w.m0 + wg * kWgmmaM;
+  const int warp_row0 = wg_row0 + warp * flash::kMmaM;
+  const uint32_t q_wg = smem + L::kQ + uint32_t(wg) * kWarpgroupRowBytes;
+  const uint32_t do_wg = smem + L::kDo + uint32_t(wg) * kWarpgroupRowBytes;
+  const flash::BackwardParams& c = p.c;
+
+  // lse2 and D of this thread's rows g and g + 8: inside the workspace row
+  // (tq_padded is a multiple of kBM); +inf and 0 past Tq.
+  const int64_t ws = (int64_t(w.b) * c.H + w.h) * c.tq_padded + warp_row0 + flash::frag_row(lane);
+  const float lse2[2] = {c.lse2[ws], c.lse2[ws + flash::kFragRowHalf]};
+  const float dsum[2] = {c.dsum[ws], c.dsum[ws + flash::kFragRowHalf]};
+
+  float dq[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[i][e] = 0.0f;
+
+  if (w.keys.last >= w.keys.first) ptx::mbar_wait(smem + L::kQFull, 0);
+
+  int it = 0;
+  for (int n_block = w.keys.last; n_block >= w.keys.first; --n_block, ++it) {
+    const int stage = it % Tile::kStages;
+    const uint32_t parity = uint32_t(it / Tile::kStages) & 1u;
+    const int n0 = n_block * kBN;
+    const uint32_t k_tile = smem + L::kK + uint32_t(stage) * L::kKVBytes;
+    const uint32_t v_tile = smem + L::kV + uint32_t(stage) * L::kKVBytes;
+
+    // S = Q K^T and dP = dO V^T, one group (first k-steps overwrite).
+    float s[1][kNT][4], dp[1][kNT][4];
+    ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kStepsD; ++kk)
+      ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < kStepsD; ++kk)
+      ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::pin(s[0]);
+    ptx::pin(dp[0]);
+
+    // s <- P, dp <- (dP - D) [* (1 - v^2)]; element e is row g + 8 (e / 2).
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        float v = s[0][nt][e];
+        float dpd = dp[0][nt][e] - dsum[r];
+        if constexpr (kSoftcap) {
+          v = flash::softcap_tanh(v * c.score.pre);
+          dpd *= 1.0f - v * v;
+        }
+        s[0][nt][e] = flash::fast_exp2(fmaf(v, c.score.mult, -lse2[r]));
+        dp[0][nt][e] = dpd;
+      }
+    if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
+      mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, 0.0f);
+
+    uint32_t dsa[kStepsN][4];
+#pragma unroll
+    for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+
+    // dQ += dS K (K MN-major: N runs along d).
+    ptx::pin(dq);
+    ptx::pin(dsa);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kStepsN; ++kk)
+      ptx::Wgmma<kD, Elem>::rs(dq, dsa[kk], mn_major<kBN>(k_tile, kk), 1);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::pin(dq);
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
+  }
+
+  Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head;
+  store_rows<kD, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, c.score.scale);
+}
+
+template <int kD, typename Elem, bool kSoftcap>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    backward_dq_kernel(const __grid_constant__ BackwardParams p) {
+#ifdef GQATTN_HOPPER_BWD_DEVICE_CODE
+  using Tile = DqTile<kD>;
+  using L = DqSmem<kD>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t smem_unaligned = uint32_t(__cvta_generic_to_shared(smem_raw));
+  const uint32_t smem = (smem_unaligned + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1);
+
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(smem + L::kQFull, kFullArrivals);
+#pragma unroll
+    for (int s = 0; s < Tile::kStages; ++s) {
+      ptx::mbar_init(smem + L::kFull + uint32_t(s) * L::kBarrierBytes, kFullArrivals);
+      ptx::mbar_init(smem + L::kEmpty + uint32_t(s) * L::kBarrierBytes, kEmptyArrivals);
+    }
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+
+  const flash::MaskPolicy mask(p.c.mask);
+  const DqWork w = dq_work<Tile::kBlockM, Tile::kBlockN>(p.c, mask);
+  const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kBwdProducerRegisters>();
+    if (threadIdx.x == 0) dq_produce<kD>(p, w, smem);
+    return;
+  }
+  ptx::setmaxnreg_inc<kBwdConsumerRegisters>();
+  dq_consume<kD, Elem, kSoftcap>(p, w, mask, smem, warpgroup - 1);
+#else
+  (void)p;
+  __trap();  // no sm_90a code in this pass: never launched (see why_not)
+#endif
+}
+
+}  // namespace gqattn::hopper::bwd

@@ -1,0 +1,163 @@
+// cuda-hopper: the backward's kernel parameters, tile shapes, shared-memory
+// layouts, grid sizes and launcher declarations (plain C++: the host side,
+// hopper_backend.cpp, uses them; the kernels static_assert what they rely
+// on). Checked by compiling and by tests/gpu/test_hopper_backward.cpp.
+//
+// Three kernels run in order on the caller's stream (docs/hopper.md,
+// "Backward"): cuda-flash's preprocessing kernel (lse2 = lse * log2 e and
+// D = rowsum(dO o O) into a [B*H, tq_padded] f32 workspace), the dK/dV
+// kernel (one CTA per key tile, kv head, batch, walking the query tiles of
+// every query head of the GQA group) and the dQ kernel (one CTA per query
+// tile, head, batch, walking the key tiles and recomputing S and dP). No
+// atomics anywhere: every output element is written once, by one thread,
+// after a fixed-order reduction, so the gradients are bitwise reproducible.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/flash/params.hpp"
+#include "cuda/hopper/tile_sizes.hpp"
+
+namespace gqattn::hopper::bwd {
+
+using flash::ElemType;
+
+// Every TMA box of the backward is 64 columns x 1 head x kBoxRows rows x 1
+// batch; taller tiles are loaded as several boxes (a box at a multiple of
+// 1024 bytes lands with the same 128-byte swizzle phase as the rows of one
+// tall box would).
+constexpr int kBoxRows = 64;
+
+struct BackwardParams {
+  // Maps of q, do [B, Tq, H, d] and k, v [B, Tk, Hkv, d] (tma_desc.hpp),
+  // boxes of kBoxRows rows.
+  CUtensorMap q_map;
+  CUtensorMap k_map;
+  CUtensorMap v_map;
+  CUtensorMap do_map;
+  // Pointers, strides, shape, mask, score and the workspace (lse2, dsum,
+  // tq_padded): cuda-flash's parameters, also what its preprocessing kernel
+  // reads.
+  flash::BackwardParams c;
+};
+
+// Thread layout of both kernels: warpgroup 0 is the producer (one thread
+// issues every copy), warpgroups 1 and 2 the consumers, each owning the 64
+// rows of one wgmma M. Register split as FlashAttention-3's backward with 2
+// consumer warpgroups: 128 x 24 + 256 x 240 = 64512 <= 65536.
+constexpr int kBwdConsumerWarpgroups = 2;
+constexpr int kBwdThreads = (1 + kBwdConsumerWarpgroups) * kWarpgroupThreads;  // 384
+constexpr int kBwdConsumerWarps = kBwdConsumerWarpgroups * kWarpsPerWarpgroup;
+constexpr int kBwdProducerRegisters = 24;
+constexpr int kBwdConsumerRegisters = 240;
+static_assert(kWarpgroupThreads * kBwdProducerRegisters +
+                      kBwdConsumerWarpgroups * kWarpgroupThreads * kBwdConsumerRegisters <=
+                  65536,
+              "register split exceeds the register file");
+
+// Head dimensions with a backward here. d = 256 would need 2 x 128 f32
+// accumulator registers per thread for dK and dV of 64 keys (plus S^T and
+// dP^T): it needs dK/dV split over the d axis first (TODO).
+constexpr bool head_dim_supported(int64_t d) { return d == 64 || d == 128; }
+
+// dK/dV: kBlockN keys per CTA (64 per consumer warpgroup), query tiles of
+// kBlockM rows (the N of S^T = K Q^T and the K of dV += P^T dO), kStages
+// slots of Q, dO, lse2, D. Per consumer thread: S^T, dP^T 2 x kBlockM/2,
+// dK, dV 2 x d/2 f32 registers (d128: 64 + 128).
+template <int kD>
+struct DkdvTile {
+  static constexpr int kBlockN = 128, kBlockM = 64, kStages = 2;
+};
+// dQ: kBlockM query rows per CTA (64 per consumer warpgroup), key tiles of
+// kBlockN in a kStages ring (K and V of a tile share one slot).
+template <int kD>
+struct DqTile {
+  static constexpr int kBlockM = 128, kBlockN = 64, kStages = 2;
+};
+
+// Byte offsets from a 1024-byte aligned base; every tile is d/64 column
+// blocks of [rows][64] elements and starts on a 1024-byte boundary.
+template <int kD>
+struct DkdvSmem {
+  using Tile = DkdvTile<kD>;
+  static constexpr uint32_t kKVBytes = uint32_t(Tile::kBlockN) * kD * kElemBytes;
+  static constexpr uint32_t kQBytes = uint32_t(Tile::kBlockM) * kD * kElemBytes;  // Q or dO
+  static constexpr uint32_t kRowBytes = uint32_t(Tile::kBlockM) * sizeof(float);  // lse2 or D
+  static constexpr uint32_t kK = 0;
+  static constexpr uint32_t kV = kK + kKVBytes;
+  static constexpr uint32_t kQ = kV + kKVBytes;  // stage s: kQ + s * kQBytes
+  static constexpr uint32_t kDo = kQ + Tile::kStages * kQBytes;
+  static constexpr uint32_t kLse2 = kDo + Tile::kStages * kQBytes;  // stage s: + s * kRowBytes
+  static constexpr uint32_t kDsum = kLse2 + Tile::kStages * kRowBytes;
+  static constexpr uint32_t kBarriers = kDsum + Tile::kStages * kRowBytes;
+  static constexpr uint32_t kBarrierBytes = 8;
+  // kv_full, then per stage full (Q, dO, lse2, D landed) and empty (released).
+  static constexpr uint32_t kKVFull = kBarriers;
+  static constexpr uint32_t kFull = kKVFull + kBarrierBytes;
+  static constexpr uint32_t kEmpty = kFull + Tile::kStages * kBarrierBytes;
+  static constexpr uint32_t kEnd = kEmpty + Tile::kStages * kBarrierBytes;
+  static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
+  // Bytes the producer announces on a stage's full barrier.
+  static constexpr uint32_t kStageTxBytes = 2 * kQBytes + 2 * kRowBytes;
+
+  static_assert(kKVBytes % kSwizzleAtomBytes == 0 && kQBytes % kSwizzleAtomBytes == 0,
+                "tiles must start on 1024-byte boundaries");
+  static_assert(kRowBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+  static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
+};
+
+template <int kD>
+struct DqSmem {
+  using Tile = DqTile<kD>;
+  static constexpr uint32_t kQBytes = uint32_t(Tile::kBlockM) * kD * kElemBytes;   // Q or dO
+  static constexpr uint32_t kKVBytes = uint32_t(Tile::kBlockN) * kD * kElemBytes;  // one slot
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kDo = kQ + kQBytes;
+  static constexpr uint32_t kK = kDo + kQBytes;  // slot s: kK + s * kKVBytes
+  static constexpr uint32_t kV = kK + Tile::kStages * kKVBytes;
+  static constexpr uint32_t kBarriers = kV + Tile::kStages * kKVBytes;
+  static constexpr uint32_t kBarrierBytes = 8;
+  // q_full (Q and dO landed), then per slot full (K and V landed) and empty.
+  static constexpr uint32_t kQFull = kBarriers;
+  static constexpr uint32_t kFull = kQFull + kBarrierBytes;
+  static constexpr uint32_t kEmpty = kFull + Tile::kStages * kBarrierBytes;
+  static constexpr uint32_t kEnd = kEmpty + Tile::kStages * kBarrierBytes;
+  static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
+
+  static_assert(kKVBytes % kSwizzleAtomBytes == 0 && kQBytes % kSwizzleAtomBytes == 0,
+                "tiles must start on 1024-byte boundaries");
+  static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
+};
+
+template <int kD>
+constexpr std::size_t backward_smem_bytes() {
+  return DkdvSmem<kD>::kAllocBytes > DqSmem<kD>::kAllocBytes ? DkdvSmem<kD>::kAllocBytes
+                                                             : DqSmem<kD>::kAllocBytes;
+}
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Thread blocks of each launch (the same for every supported d).
+constexpr int64_t dkdv_blocks(int64_t B, int64_t Hkv, int64_t Tk) {
+  return ceil_div(Tk, DkdvTile<128>::kBlockN) * B * Hkv;
+}
+constexpr int64_t dq_blocks(int64_t B, int64_t H, int64_t Tq) {
+  return ceil_div(Tq, DqTile<128>::kBlockM) * B * H;
+}
+static_assert(DkdvTile<64>::kBlockN == DkdvTile<128>::kBlockN &&
+                  DqTile<64>::kBlockM == DqTile<128>::kBlockM,
+              "grid sizes assume one tile shape for every d");
+
+// dq, dk, dv from the parameters; p.c.lse2 / p.c.dsum point at a workspace
+// of 2 x B*H*tq_padded floats (written by the preprocessing kernel first).
+// `stream` is a cudaStream_t. Instantiated in launch_backward_d{64,128}.cu.
+template <int kD>
+void launch_backward(const BackwardParams& params, ElemType elem, void* stream);
+
+extern template void launch_backward<64>(const BackwardParams&, ElemType, void*);
+extern template void launch_backward<128>(const BackwardParams&, ElemType, void*);
+
+}  // namespace gqattn::hopper::bwd

@@ -1,0 +1,68 @@
+// cuda-hopper: the backward launcher template: cuda-flash's preprocessing
+// kernel (lse2, D into the workspace; reused as is), then the dK/dV kernel
+// (one CTA per key tile, kv head, batch), then the dQ kernel (one CTA per
+// query tile, head, batch), all on the caller's stream, 1-D grids.
+// Instantiated per head dimension by launch_backward_d*.cu. Checked through
+// tests/gpu/test_hopper_backward.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/flash/backward_preprocess.cuh"
+#include "cuda/flash/tile_sizes.hpp"
+#include "cuda/hopper/backward_dkdv_kernel.cuh"
+#include "cuda/hopper/backward_dq_kernel.cuh"
+#include "cuda/hopper/backward_params.hpp"
+
+namespace gqattn::hopper::bwd {
+
+template <int kD, typename Elem, bool kSoftcap>
+void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
+  static_assert(flash::kWorkspaceRowAlign % DqTile<kD>::kBlockM == 0 &&
+                    flash::kWorkspaceRowAlign % DkdvTile<kD>::kBlockM == 0,
+                "whole query tiles of lse2 / D lie inside a workspace row");
+  {
+    const int blocks =
+        int(ceil_div(int64_t(p.c.B) * p.c.H * p.c.tq_padded, flash::kPreprocessRowsPerBlock));
+    flash::backward_preprocess_kernel<kD, Elem>
+        <<<blocks, flash::kPreprocessThreads, 0, stream>>>(p.c);
+    cuda::check_launch("cuda-hopper backward_preprocess_kernel (cuda-flash's)");
+  }
+  {
+    constexpr int kSmem = int(DkdvSmem<kD>::kAllocBytes);
+    const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk));
+    auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap>;
+    GQATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
+    cuda::check_launch("cuda-hopper backward_dkdv_kernel");
+  }
+  {
+    constexpr int kSmem = int(DqSmem<kD>::kAllocBytes);
+    const int blocks = int(dq_blocks(p.c.B, p.c.H, p.c.mask.tq));
+    auto kernel = backward_dq_kernel<kD, Elem, kSoftcap>;
+    GQATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
+    cuda::check_launch("cuda-hopper backward_dq_kernel");
+  }
+}
+
+template <int kD>
+void launch_backward(const BackwardParams& p, ElemType elem, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (elem == ElemType::bf16) {
+    if (p.c.score.softcap)
+      launch_backward_typed<kD, __nv_bfloat16, true>(p, s);
+    else
+      launch_backward_typed<kD, __nv_bfloat16, false>(p, s);
+  } else {
+    if (p.c.score.softcap)
+      launch_backward_typed<kD, __half, true>(p, s);
+    else
+      launch_backward_typed<kD, __half, false>(p, s);
+  }
+}
+
+}  // namespace gqattn::hopper::bwd

@@ -1,0 +1,61 @@
+// cuda-hopper: the logit soft-cap's tanh with one special-function (MUFU)
+// op per element. cuda-flash's softcap_tanh (mask.cuh) costs two (ex2 and
+// the rcp of __fdividef); with the softmax's ex2 that made three MUFU ops
+// per score, and the MUFU pipe (16 results per clock per SM) bounded the
+// softcapped forward. Here the reciprocal is computed on the FMA pipe.
+// Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp
+// (softcap cases) and, on the host, against std::tanh over |y| <= 30 for
+// several pre factors: absolute error <= 1.5e-7 (cuda-flash's: 1.9e-7;
+// tanhf: 1.1e-7), exact 0 at 0, +-1 at +-inf, |result| <= 1.
+//
+// With y = x * pre and e = 2^(-2 |y| log2 e) = exp(-2|y|) in [0, 1]:
+//   tanh(|y|) = (1 - e) / (1 + e),  1 + e in [1, 2].
+// 1 / (1 + e) starts from the minimax quadratic r0(e) = (98 - 80 e + 32 e^2)
+// / 99, whose relative error is -T3(2e - 1) / 99 (at most 1/99), then two
+// Newton steps r <- r + r (1 - (1 + e) r) square it twice (about 1e-8, below
+// f32 rounding); the second is fused with the multiplication by 1 - e.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/flash/mma.cuh"
+
+namespace gqattn::hopper {
+
+constexpr float kSoftcapLog2e = 1.4426950408889634f;
+constexpr float kRecipDen = 99.0f;  // the quadratic's denominator (Chebyshev T3 at -3)
+constexpr float kRecipC0 = 98.0f / kRecipDen;
+constexpr float kRecipC1 = -80.0f / kRecipDen;
+constexpr float kRecipC2 = 32.0f / kRecipDen;
+
+// The factor that maps a raw score x to the ex2 argument -2 |x pre| log2 e;
+// pre = scale / cap > 0 (validated), so |x pre| = |x| pre.
+__device__ __forceinline__ float softcap_ex2_factor(float pre) {
+  return -2.0f * kSoftcapLog2e * pre;
+}
+
+// tanh(x * pre), given k = softcap_ex2_factor(pre).
+__device__ __forceinline__ float softcap_tanh_1mufu(float x, float k) {
+  const float e = flash::fast_exp2(fabsf(x) * k);  // exp(-2|y|); 0 for |y| large or inf
+  const float den = 1.0f + e;
+  float r = fmaf(fmaf(e, kRecipC2, kRecipC1), e, kRecipC0);
+  r = fmaf(r, fmaf(-den, r, 1.0f), r);
+  const float q = (1.0f - e) * r;
+  const float t = fmaf(q, fmaf(-den, r, 1.0f), q);  // tanh(|y|)
+  return copysignf(t, x);
+}
+
+// v = tanh(s * pre) on every element (ScoreArgs: the capped logit is cap * v),
+// the same contract as flash::apply_softcap.
+template <int kMT, int kNT>
+__device__ __forceinline__ void apply_softcap_1mufu(float (&acc)[kMT][kNT][4], float pre) {
+  const float k = softcap_ex2_factor(pre);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = softcap_tanh_1mufu(acc[mt][nt][e], k);
+}
+
+}  // namespace gqattn::hopper
