@@ -11,6 +11,8 @@
 // Every test skips, saying why, without a usable CUDA device.
 #include <gtest/gtest.h>
 
+#include <iomanip>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -89,7 +91,9 @@ void record_bitwise(const std::string& name, bool bitwise) {
 
 // The measured error, so a run's XML shows each output's margin.
 void record_error(const std::string& name, double error) {
-  ::testing::Test::RecordProperty(name + "_error", std::to_string(error));
+  std::ostringstream text;
+  text << std::scientific << std::setprecision(2) << error;
+  ::testing::Test::RecordProperty(name + "_error", text.str());
 }
 
 // f32: every output within kF32Tolerance of the CPU's (gradients under a
