@@ -4,10 +4,10 @@
 // comparing bits): T = 1, T not a multiple of the tiles, Tq != Tk both ways,
 // Hkv = 1 and H / Hkv in {1, 2, 4, 8}, windows 1, 64 and >= T, softcap 30
 // with large logits, rows with no kept key, key tiles no query sees, bf16
-// and f16, padded strides, causal and not, d 64 and 128, and sequences long
-// enough to wrap the Q/dO and K/V rings several times. Also: d = 256 is
-// refused with a reason naming cuda-flash, and Auto picks another backend
-// for it. Every case skips, saying why, where cuda-hopper's backward
+// and f16, padded strides, causal and not, d 64, 128 and 256 (d split over
+// the consumer warpgroups), and sequences long enough to wrap the Q/dO and
+// K/V rings several times. Also: d = 256 is no longer refused. Every case
+// skips, saying why, where cuda-hopper's backward
 // cannot run (no device, not sm_90, no sm_90a code in the build).
 #include <gtest/gtest.h>
 
@@ -108,6 +108,25 @@ std::vector<BackwardCase> cases() {
       make("T129_causal_d64_f16", 1, 129, 129, 4, 2, 64, true, 0, 0.0f, f16),
       make("T100_causal_d64_padded", 1, 100, 100, 4, 1, 64, true, 0, 0.0f, bf16, true),
       make("T900_causal_d64", 1, 900, 900, 2, 1, 64, true),
+      // d = 256: both consumer warpgroups share 64 rows and split d.
+      make("T1_d256", 1, 1, 1, 2, 1, 256, false),
+      make("T1_causal_d256_mha", 2, 1, 1, 2, 2, 256, true),
+      make("T64_d256", 1, 64, 64, 1, 1, 256, false),
+      make("T100_causal_d256_gqa2", 1, 100, 100, 4, 2, 256, true),
+      make("T257_causal_d256_mqa4", 1, 257, 257, 4, 1, 256, true),
+      make("T700_causal_d256_gqa2", 1, 700, 700, 4, 2, 256, true),
+      make("Tq37_Tk200_causal_d256", 1, 37, 200, 2, 1, 256, true),
+      make("Tq200_Tk37_causal_d256_empty_rows", 1, 200, 37, 2, 2, 256, true),
+      make("Tq90_Tk300_d256", 2, 90, 300, 2, 2, 256, false),
+      make("Tq300_Tk90_d256_gqa4", 1, 300, 90, 4, 1, 256, false),
+      make("T100_causal_window1_d256", 1, 100, 100, 2, 1, 256, true, 1),
+      make("T300_causal_window64_d256_gqa2", 1, 300, 300, 4, 2, 256, true, 64),
+      make("Tq70_Tk400_causal_window40_d256_unseen_keys", 1, 70, 400, 2, 1, 256, true, 40),
+      large_logits(make("T160_causal_softcap30_d256", 1, 160, 160, 4, 2, 256, true, 0, 30.0f)),
+      make("T150_softcap30_d256", 1, 150, 150, 2, 1, 256, false, 0, 30.0f),
+      make("T100_causal_d256_padded", 2, 100, 100, 4, 2, 256, true, 0, 0.0f, bf16, true),
+      make("T200_causal_window64_d256_f16", 1, 200, 200, 2, 1, 256, true, 64, 0.0f, f16),
+      make("Tq60_Tk90_d256_f16_padded", 1, 60, 90, 8, 1, 256, false, 0, 0.0f, f16, true),
   };
 }
 
@@ -173,22 +192,12 @@ Problem d256_problem() {
   return p;
 }
 
-// d = 256 has no hopper backward yet: refused with a reason, and Auto
-// chooses another backend for that backward.
-TEST(HopperBackwardSupport, D256RefusedAndAutoFallsBack) {
+// d = 256 has a hopper backward now: not refused wherever the forward runs.
+TEST(HopperBackwardSupport, D256Supported) {
   const Problem p = d256_problem();
   const std::string forward = why_not_forward(p, DType::bf16);
   if (!forward.empty()) GTEST_SKIP() << forward;
-  const std::string why = why_not_backward(p, DType::bf16);
-  EXPECT_NE(why.find("cuda-hopper backward supports d in {64, 128}"), std::string::npos) << why;
-  EXPECT_NE(why.find("d=256"), std::string::npos) << why;
-  EXPECT_NE(why.find("use cuda-flash"), std::string::npos) << why;
-
-  // Auto picks another backend for the backward (dispatch tries them in order).
-  const gqattn::Explanation automatic =
-      gqattn::explain(p, DType::bf16, Device::cuda, Backend::Auto, Pass::backward);
-  EXPECT_TRUE(automatic.supported) << automatic.reason;
-  EXPECT_NE(automatic.chosen, Backend::CudaHopper);
+  EXPECT_EQ(why_not_backward(p, DType::bf16), "");
 }
 
 }  // namespace

@@ -5,10 +5,10 @@
 // both ways, d 64/128/256, Hkv = 1, Hkv = H, windows 1, 64 and >= T,
 // softcap with large logits, rows with no kept key, bf16 and f16, padded
 // strides, and sequences long enough to wrap the TMA ring several times.
-// Also: backward at d = 256 throws its not-supported error (the backward
-// itself is tests/gpu/test_hopper_backward.cpp), and a stride TMA cannot
-// use is refused naming the tensor. Every case skips, saying why, where
-// cuda-hopper cannot run (no device, not sm_90, no sm_90a code in the build).
+// Also: a stride TMA cannot use is refused naming the tensor (the
+// backward, d 64/128/256, is tests/gpu/test_hopper_backward.cpp). Every
+// case skips, saying why, where cuda-hopper cannot run (no device, not
+// sm_90, no sm_90a code in the build).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -111,6 +111,16 @@ std::vector<HopperCase> cases() {
       make("T70_d256_f16", 1, 70, 70, 2, 2, 256, false, 0, 0.0f, f16),
       make("T80_causal_w16_d256_padded", 1, 80, 80, 2, 1, 256, true, 16, 0.0f, bf16, true),
       make("T600_d256", 1, 600, 600, 2, 1, 256, false),
+      // More work tiles than an H200 has SMs (132): with the persistent
+      // scheduler each CTA runs several tiles, so Q, K/V barrier phases and
+      // the ping-pong stream carry across tiles; mixed with tiles whose rows
+      // have no key (Tq > Tk causal: o = 0, lse = -inf) and tiles of
+      // different key counts.
+      make("B2_H32_Tq700_Tk300_causal_d64_many_tiles_empty_rows", 2, 700, 300, 32, 8, 64, true),
+      make("B3_H16_T600_causal_window100_d128_many_tiles", 3, 600, 600, 16, 4, 128, true, 100),
+      large_logits(make("B2_H24_Tq300_Tk200_causal_softcap30_d128_many_tiles_f16", 2, 300, 200, 24,
+                        8, 128, true, 0, 30.0f, f16)),
+      make("B2_H24_Tq300_Tk500_d256_many_tiles", 2, 300, 500, 24, 4, 256, false),
   };
 }
 
@@ -197,31 +207,6 @@ struct Tensors {
 gqattn::TensorRef ref(const gqattn::test::DeviceBuffer& b, const Problem& p, int64_t T,
                       int64_t heads) {
   return gqattn::contiguous(b.get(), DType::bf16, Device::cuda, p.B, T, heads, p.d);
-}
-
-// d = 256 has no hopper backward (tests/gpu/test_hopper_backward.cpp runs
-// the others): an explicit CudaHopper backward throws the refusal.
-TEST(HopperSupport, BackwardD256ThrowsNotSupported) {
-  const Problem p = small_problem(256);
-  const std::string why = why_not_hopper(p, DType::bf16);
-  if (!why.empty()) GTEST_SKIP() << why;
-  Tensors t(p);
-  const gqattn::TensorRef lse =
-      gqattn::contiguous(t.lse.get(), DType::f32, Device::cuda, p.B, p.H, p.Tq);
-  gqattn::Options options;
-  options.backend = Backend::CudaHopper;
-  try {
-    gqattn::backward(p, ref(t.q, p, p.Tq, p.H), ref(t.k, p, p.Tk, p.Hkv), ref(t.v, p, p.Tk, p.Hkv),
-                     ref(t.o, p, p.Tq, p.H), lse, ref(t.dout, p, p.Tq, p.H),
-                     ref(t.dq, p, p.Tq, p.H), ref(t.dk, p, p.Tk, p.Hkv), ref(t.dv, p, p.Tk, p.Hkv),
-                     options);
-    FAIL() << "cuda-hopper backward at d=256 did not throw";
-  } catch (const gqattn::Error& e) {
-    EXPECT_EQ(e.argument(), "backend");
-    EXPECT_EQ(e.rule(),
-              "cuda-hopper: not supported: cuda-hopper backward supports d in {64, 128} so far "
-              "(got d=256); use cuda-flash");
-  }
 }
 
 // A k row stride of Hkv*d + 4 elements (8 bytes short of a 16-byte multiple):

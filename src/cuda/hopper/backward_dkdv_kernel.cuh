@@ -7,8 +7,9 @@
 // the f64 oracle by tests/gpu/test_hopper_backward.cpp.
 //
 //   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads K, V once, then
-//     per step Q, dO (TMA) and lse2, D (bulk copy) into a 2-slot ring;
-//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each, per step
+//     per step Q, dO (TMA) and lse2, D (bulk copy) into a kStages-slot ring;
+//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each (d 256: the
+//     same 64 keys, half of d each), per step
 //     S^T = K Q^T, dP^T = V dO^T        (wgmma SS, N = 64 queries)
 //     P^T = 2^(v * mult - lse2)          (masked elements 0)
 //     dS^T = P^T o (dP^T - D) [o (1 - v^2) under softcap, v before masking]
@@ -19,7 +20,7 @@
 // Barriers (DkdvSmem): kv_full (count 1, phase 0 only); per slot s full[s]
 // (count 1: the producer's arrive.expect_tx of Q + dO + lse2 + D bytes) and
 // empty[s] (count 8: lane 0 of every consumer warp after the step's last
-// wgmma has completed). Step t uses slot t % 2 with parity (t / 2) & 1; the
+// wgmma has completed). Step t uses slot t % S with parity (t / S) & 1 (S = kStages); the
 // producer waits empty with the opposite parity (its first pass through the
 // ring does not block). Producer and consumers derive the same step count
 // from the same MaskPolicy; with no step, nothing is loaded or waited for
@@ -112,30 +113,43 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
 }
 
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
-// [n0 + 64 wg, n0 + 64 wg + 64).
+// [n0 + 64 wg, n0 + 64 wg + 64), all d columns; or, split over d
+// (DkdvTile::kSplitD), keys [n0, n0 + 64) and dK, dV columns
+// [kColsPerWg wg, kColsPerWg (wg + 1)).
 template <int kD, typename Elem, bool kSoftcap>
 __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const DkdvWork& w,
                                              const flash::MaskPolicy& mask, uint32_t smem,
                                              const unsigned char* smem_ptr, int wg) {
   using Tile = DkdvTile<kD>;
   using L = DkdvSmem<kD>;
+  constexpr bool kSplit = Tile::kSplitD;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kBM = Tile::kBlockM;
+  constexpr int kDW = Tile::kColsPerWg;   // dK, dV columns of this warpgroup
   constexpr int kNT = kBM / 8;            // n8 blocks of S^T, dP^T (queries)
   constexpr int kStepsD = kD / kWgmmaK;   // k-steps of S^T, dP^T
   constexpr int kStepsM = kBM / kWgmmaK;  // k-steps of dV, dK
-  static_assert(kBN == kBwdConsumerWarpgroups * kWgmmaM, "one wgmma M of keys per warpgroup");
+  // S^T and dP^T as two wgmma groups (P^T computed while dP^T runs); not
+  // under softcap, whose dS needs tanh(S) after dP^T has landed.
+  constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
+  static_assert(kBN == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
+                "one wgmma M of keys per warpgroup (or shared by both when split over d)");
+  static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
 
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
-  const int wg_key0 = w.n0 + wg * kWgmmaM;
+  const int wg_key0 = w.n0 + (kSplit ? 0 : wg * kWgmmaM);
   const int warp_key0 = wg_key0 + warp * flash::kMmaM;
-  const uint32_t k_wg = smem + L::kK + uint32_t(wg) * kWarpgroupRowBytes;
-  const uint32_t v_wg = smem + L::kV + uint32_t(wg) * kWarpgroupRowBytes;
+  const uint32_t wg_rows = kSplit ? 0u : uint32_t(wg) * kWarpgroupRowBytes;
+  // Byte offset of this warpgroup's first d column block in a Q / dO tile
+  // (column blocks of kBM rows; 0 unless split over d).
+  const uint32_t wg_cols = kSplit ? uint32_t(wg) * (kDW / kColBlock) * (kBM * kSwizzleBytes) : 0u;
+  const uint32_t k_wg = smem + L::kK + wg_rows;
+  const uint32_t v_wg = smem + L::kV + wg_rows;
 
-  float dk[kD / 8][4], dv[kD / 8][4];
+  float dk[kDW / 8][4], dv[kDW / 8][4];
 #pragma unroll
-  for (int i = 0; i < kD / 8; ++i)
+  for (int i = 0; i < kDW / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
 
@@ -150,73 +164,113 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     const float* lse2 = reinterpret_cast<const float*>(smem_ptr + L::kLse2 + stage * L::kRowBytes);
     const float* dsum = reinterpret_cast<const float*>(smem_ptr + L::kDsum + stage * L::kRowBytes);
 
-    // S^T = K Q^T and dP^T = V dO^T, one group (first k-steps overwrite).
+    // S^T = K Q^T and dP^T = V dO^T (first k-steps overwrite): one group, or
+    // two when overlapped (S^T first).
     float s[1][kNT][4], dp[1][kNT][4];
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
       ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
+    if constexpr (kOverlapSdP) ptx::wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
       ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::pin(s[0]);
-    ptx::pin(dp[0]);
-
-    // s <- P^T, dp <- (dP^T - D) [* (1 - v^2)]; columns are queries. Rows
-    // past Tq have lse2 = +inf (P = 0) and D = 0 (workspace padding).
+    if constexpr (kOverlapSdP) {
+      // The S^T group has completed; dP^T (not read here) may still run.
+      ptx::wgmma_wait<1>();
+      ptx::pin(s[0]);
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * flash::kMmaN + flash::frag_col(lane) + (e & 1);
-        float v = s[0][nt][e];
-        float dpd = dp[0][nt][e] - dsum[col];
-        if constexpr (kSoftcap) {
-          v = flash::softcap_tanh(v * p.c.score.pre);
-          dpd *= 1.0f - v * v;
+        for (int e = 0; e < 4; ++e) {
+          const int col = nt * flash::kMmaN + flash::frag_col(lane) + (e & 1);
+          s[0][nt][e] = flash::fast_exp2(fmaf(s[0][nt][e], p.c.score.mult, -lse2[col]));
         }
-        s[0][nt][e] = flash::fast_exp2(fmaf(v, p.c.score.mult, -lse2[col]));
-        dp[0][nt][e] = dpd;
-      }
-    if (!mask.fully_kept(m0, kBM, wg_key0, kWgmmaM))
-      mask.apply</*kRowsAreKeys=*/true>(s, warp_key0, m0, lane, 0.0f);
-
-    // P^T and dS^T as register A operands: k-step kk = n8 blocks 2kk, 2kk+1.
-    uint32_t pa[kStepsM][4], dsa[kStepsM][4];
+      if (!mask.fully_kept(m0, kBM, wg_key0, kWgmmaM))
+        mask.apply</*kRowsAreKeys=*/true>(s, warp_key0, m0, lane, 0.0f);
+      ptx::wgmma_wait<0>();
+      ptx::pin(dp[0]);
 #pragma unroll
-    for (int kk = 0; kk < kStepsM; ++kk) {
-      flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-      ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = nt * flash::kMmaN + flash::frag_col(lane) + (e & 1);
+          dp[0][nt][e] -= dsum[col];
+        }
+    } else {
+      ptx::wgmma_wait<0>();
+      ptx::pin(s[0]);
+      ptx::pin(dp[0]);
+      // s <- P^T, dp <- (dP^T - D) [* (1 - v^2)]; columns are queries. Rows
+      // past Tq have lse2 = +inf (P = 0) and D = 0 (workspace padding).
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = nt * flash::kMmaN + flash::frag_col(lane) + (e & 1);
+          float v = s[0][nt][e];
+          float dpd = dp[0][nt][e] - dsum[col];
+          if constexpr (kSoftcap) {
+            v = flash::softcap_tanh(v * p.c.score.pre);
+            dpd *= 1.0f - v * v;
+          }
+          s[0][nt][e] = flash::fast_exp2(fmaf(v, p.c.score.mult, -lse2[col]));
+          dp[0][nt][e] = dpd;
+        }
+      if (!mask.fully_kept(m0, kBM, wg_key0, kWgmmaM))
+        mask.apply</*kRowsAreKeys=*/true>(s, warp_key0, m0, lane, 0.0f);
     }
 
-    // dV += P^T dO, dK += dS^T Q (B operands MN-major: N runs along d).
+    // P^T and dS^T as register A operands: k-step kk = n8 blocks 2kk, 2kk+1.
+    // dV += P^T dO, dK += dS^T Q (B operands MN-major: N runs along d, from
+    // this warpgroup's first column block). When kBwdOverlapDv, the dV group
+    // is issued before dS^T is formed and runs while it is; pa and dv are
+    // not touched until wait_group 0.
+    uint32_t pa[kStepsM][4], dsa[kStepsM][4];
+#pragma unroll
+    for (int kk = 0; kk < kStepsM; ++kk)
+      flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
     ptx::pin(dv);
     ptx::pin(dk);
     ptx::pin(pa);
+    if constexpr (kBwdOverlapDv) {
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kStepsM; ++kk)
+        ptx::Wgmma<kDW, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile + wg_cols, kk), 1);
+      ptx::wgmma_commit();
+    }
+#pragma unroll
+    for (int kk = 0; kk < kStepsM; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
     ptx::pin(dsa);
     ptx::wgmma_fence();
+    if constexpr (!kBwdOverlapDv) {
+#pragma unroll
+      for (int kk = 0; kk < kStepsM; ++kk)
+        ptx::Wgmma<kDW, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile + wg_cols, kk), 1);
+    }
 #pragma unroll
     for (int kk = 0; kk < kStepsM; ++kk)
-      ptx::Wgmma<kD, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile, kk), 1);
-#pragma unroll
-    for (int kk = 0; kk < kStepsM; ++kk)
-      ptx::Wgmma<kD, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile, kk), 1);
+      ptx::Wgmma<kDW, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile + wg_cols, kk), 1);
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     ptx::pin(dv);
     ptx::pin(dk);
+    // Every wgmma of this warpgroup reading the slot has completed.
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
 
   const flash::BackwardParams& c = p.c;
-  Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head;
-  Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head;
-  store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, mask.tk, dk, c.score.scale);
-  store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, mask.tk, dv, 1.0f);
+  const int col0 = kSplit ? wg * kDW : 0;
+  Elem* dk_out =
+      static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head + col0;
+  Elem* dv_out =
+      static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head + col0;
+  store_rows<kDW, Elem>(dk_out, c.dk_stride.row, warp_key0, mask.tk, dk, c.score.scale);
+  store_rows<kDW, Elem>(dv_out, c.dv_stride.row, warp_key0, mask.tk, dv, 1.0f);
 }
 
 template <int kD, typename Elem, bool kSoftcap>

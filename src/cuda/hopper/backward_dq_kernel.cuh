@@ -12,8 +12,9 @@
 // against the f64 oracle by tests/gpu/test_hopper_backward.cpp.
 //
 //   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads Q and dO once,
-//     then K and V of each visited key tile into a 2-slot ring;
-//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each.
+//     then K and V of each visited key tile into a kStages-slot ring;
+//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each (d 256:
+//     the same 64 rows, half of d each).
 //
 // Why a separate kernel (docs/hopper.md): the dK/dV kernel would otherwise
 // have to reduce dQ across key tiles, through global atomics (not
@@ -24,7 +25,7 @@
 // (count 1: arrive.expect_tx of the K and V bytes) and empty[s] (count 8:
 // lane 0 of every consumer warp after dQ += dS K, the last reader of K, has
 // completed). Key tile number `it` (0 for the last visited tile) uses slot
-// it % 2 with parity (it / 2) & 1; the producer waits empty with the
+// it % S with parity (it / S) & 1 (S = kStages); the producer waits empty with the
 // opposite parity. With no key tile to visit, nothing is loaded or waited
 // for and zeros are stored.
 #pragma once
@@ -97,25 +98,38 @@ __device__ __forceinline__ void dq_produce(const BackwardParams& p, const DqWork
 }
 
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): query rows
-// [m0 + 64 wg, m0 + 64 wg + 64).
+// [m0 + 64 wg, m0 + 64 wg + 64), all d columns; or, split over d
+// (DqTile::kSplitD), rows [m0, m0 + 64) and dQ columns
+// [kColsPerWg wg, kColsPerWg (wg + 1)).
 template <int kD, typename Elem, bool kSoftcap>
 __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork& w,
                                            const flash::MaskPolicy& mask, uint32_t smem, int wg) {
   using Tile = DqTile<kD>;
   using L = DqSmem<kD>;
+  constexpr bool kSplit = Tile::kSplitD;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kBN = Tile::kBlockN;
+  constexpr int kDW = Tile::kColsPerWg;   // dQ columns of this warpgroup
   constexpr int kNT = kBN / 8;            // n8 blocks of S, dP (keys)
   constexpr int kStepsD = kD / kWgmmaK;   // k-steps of S, dP
   constexpr int kStepsN = kBN / kWgmmaK;  // k-steps of dQ
-  static_assert(kBM == kBwdConsumerWarpgroups * kWgmmaM, "one wgmma M of queries per warpgroup");
+  // S and dP as two wgmma groups (P computed while dP runs); not under
+  // softcap, whose dS needs tanh(S) after dP has landed.
+  constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
+  static_assert(kBM == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
+                "one wgmma M of queries per warpgroup (or shared by both when split over d)");
+  static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
 
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
-  const int wg_row0 = w.m0 + wg * kWgmmaM;
+  const int wg_row0 = w.m0 + (kSplit ? 0 : wg * kWgmmaM);
   const int warp_row0 = wg_row0 + warp * flash::kMmaM;
-  const uint32_t q_wg = smem + L::kQ + uint32_t(wg) * kWarpgroupRowBytes;
-  const uint32_t do_wg = smem + L::kDo + uint32_t(wg) * kWarpgroupRowBytes;
+  const uint32_t wg_rows = kSplit ? 0u : uint32_t(wg) * kWarpgroupRowBytes;
+  // Byte offset of this warpgroup's first d column block in a K tile
+  // (column blocks of kBN rows; 0 unless split over d).
+  const uint32_t wg_cols = kSplit ? uint32_t(wg) * (kDW / kColBlock) * (kBN * kSwizzleBytes) : 0u;
+  const uint32_t q_wg = smem + L::kQ + wg_rows;
+  const uint32_t do_wg = smem + L::kDo + wg_rows;
   const flash::BackwardParams& c = p.c;
 
   // lse2 and D of this thread's rows g and g + 8: inside the workspace row
@@ -124,9 +138,9 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   const float lse2[2] = {c.lse2[ws], c.lse2[ws + flash::kFragRowHalf]};
   const float dsum[2] = {c.dsum[ws], c.dsum[ws + flash::kFragRowHalf]};
 
-  float dq[kD / 8][4];
+  float dq[kDW / 8][4];
 #pragma unroll
-  for (int i = 0; i < kD / 8; ++i)
+  for (int i = 0; i < kDW / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[i][e] = 0.0f;
 
@@ -140,59 +154,82 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     const uint32_t k_tile = smem + L::kK + uint32_t(stage) * L::kKVBytes;
     const uint32_t v_tile = smem + L::kV + uint32_t(stage) * L::kKVBytes;
 
-    // S = Q K^T and dP = dO V^T, one group (first k-steps overwrite).
+    // S = Q K^T and dP = dO V^T (first k-steps overwrite): one group, or two
+    // when overlapped (S first).
     float s[1][kNT][4], dp[1][kNT][4];
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
       ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
+    if constexpr (kOverlapSdP) ptx::wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk)
       ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::pin(s[0]);
-    ptx::pin(dp[0]);
-
-    // s <- P, dp <- (dP - D) [* (1 - v^2)]; element e is row g + 8 (e / 2).
+    if constexpr (kOverlapSdP) {
+      // The S group has completed; dP (not read here) may still run.
+      ptx::wgmma_wait<1>();
+      ptx::pin(s[0]);
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        float v = s[0][nt][e];
-        float dpd = dp[0][nt][e] - dsum[r];
-        if constexpr (kSoftcap) {
-          v = flash::softcap_tanh(v * c.score.pre);
-          dpd *= 1.0f - v * v;
+        for (int e = 0; e < 4; ++e)
+          s[0][nt][e] = flash::fast_exp2(fmaf(s[0][nt][e], c.score.mult, -lse2[e / 2]));
+      if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
+        mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, 0.0f);
+      ptx::wgmma_wait<0>();
+      ptx::pin(dp[0]);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[0][nt][e] -= dsum[e / 2];
+    } else {
+      ptx::wgmma_wait<0>();
+      ptx::pin(s[0]);
+      ptx::pin(dp[0]);
+      // s <- P, dp <- (dP - D) [* (1 - v^2)]; element e is row g + 8 (e / 2).
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2;
+          float v = s[0][nt][e];
+          float dpd = dp[0][nt][e] - dsum[r];
+          if constexpr (kSoftcap) {
+            v = flash::softcap_tanh(v * c.score.pre);
+            dpd *= 1.0f - v * v;
+          }
+          s[0][nt][e] = flash::fast_exp2(fmaf(v, c.score.mult, -lse2[r]));
+          dp[0][nt][e] = dpd;
         }
-        s[0][nt][e] = flash::fast_exp2(fmaf(v, c.score.mult, -lse2[r]));
-        dp[0][nt][e] = dpd;
-      }
-    if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
-      mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, 0.0f);
+      if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
+        mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, 0.0f);
+    }
 
     uint32_t dsa[kStepsN][4];
 #pragma unroll
     for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
 
-    // dQ += dS K (K MN-major: N runs along d).
+    // dQ += dS K (K MN-major: N runs along d, from this warpgroup's first
+    // column block).
     ptx::pin(dq);
     ptx::pin(dsa);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kStepsN; ++kk)
-      ptx::Wgmma<kD, Elem>::rs(dq, dsa[kk], mn_major<kBN>(k_tile, kk), 1);
+      ptx::Wgmma<kDW, Elem>::rs(dq, dsa[kk], mn_major<kBN>(k_tile + wg_cols, kk), 1);
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     ptx::pin(dq);
+    // Every wgmma of this warpgroup reading the slot has completed.
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
 
-  Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head;
-  store_rows<kD, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, c.score.scale);
+  const int col0 = kSplit ? wg * kDW : 0;
+  Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head + col0;
+  store_rows<kDW, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, c.score.scale);
 }
 
 template <int kD, typename Elem, bool kSoftcap>

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "cuda/flash/params.hpp"
+#include "cuda/hopper/backward_tile_sizes.hpp"
 #include "cuda/hopper/tile_sizes.hpp"
 
 namespace gqattn::hopper::bwd {
@@ -58,25 +59,9 @@ static_assert(kWarpgroupThreads * kBwdProducerRegisters +
                   65536,
               "register split exceeds the register file");
 
-// Head dimensions with a backward here. d = 256 would need 2 x 128 f32
-// accumulator registers per thread for dK and dV of 64 keys (plus S^T and
-// dP^T): it needs dK/dV split over the d axis first (TODO).
-constexpr bool head_dim_supported(int64_t d) { return d == 64 || d == 128; }
-
-// dK/dV: kBlockN keys per CTA (64 per consumer warpgroup), query tiles of
-// kBlockM rows (the N of S^T = K Q^T and the K of dV += P^T dO), kStages
-// slots of Q, dO, lse2, D. Per consumer thread: S^T, dP^T 2 x kBlockM/2,
-// dK, dV 2 x d/2 f32 registers (d128: 64 + 128).
-template <int kD>
-struct DkdvTile {
-  static constexpr int kBlockN = 128, kBlockM = 64, kStages = 2;
-};
-// dQ: kBlockM query rows per CTA (64 per consumer warpgroup), key tiles of
-// kBlockN in a kStages ring (K and V of a tile share one slot).
-template <int kD>
-struct DqTile {
-  static constexpr int kBlockM = 128, kBlockN = 64, kStages = 2;
-};
+// Head dimensions with a backward here (d = 256 splits d over the two
+// consumer warpgroups: backward_tile_sizes.hpp).
+constexpr bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
 // Byte offsets from a 1024-byte aligned base; every tile is d/64 column
 // blocks of [rows][64] elements and starts on a 1024-byte boundary.
@@ -107,6 +92,7 @@ struct DkdvSmem {
                 "tiles must start on 1024-byte boundaries");
   static_assert(kRowBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
   static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
+  static_assert(kAllocBytes <= kBwdMaxSmemBytes, "dK/dV tiles exceed shared memory");
 };
 
 template <int kD>
@@ -130,6 +116,7 @@ struct DqSmem {
   static_assert(kKVBytes % kSwizzleAtomBytes == 0 && kQBytes % kSwizzleAtomBytes == 0,
                 "tiles must start on 1024-byte boundaries");
   static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
+  static_assert(kAllocBytes <= kBwdMaxSmemBytes, "dQ tiles exceed shared memory");
 };
 
 template <int kD>
@@ -140,24 +127,32 @@ constexpr std::size_t backward_smem_bytes() {
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Thread blocks of each launch (the same for every supported d).
-constexpr int64_t dkdv_blocks(int64_t B, int64_t Hkv, int64_t Tk) {
-  return ceil_div(Tk, DkdvTile<128>::kBlockN) * B * Hkv;
+// Thread blocks of each launch for head dimension d (64, 128 or 256).
+constexpr int64_t dkdv_blocks(int64_t B, int64_t Hkv, int64_t Tk, int64_t d) {
+  return ceil_div(Tk, split_d(int(d)) ? DkdvTile<256>::kBlockN : DkdvTile<128>::kBlockN) * B * Hkv;
 }
-constexpr int64_t dq_blocks(int64_t B, int64_t H, int64_t Tq) {
-  return ceil_div(Tq, DqTile<128>::kBlockM) * B * H;
+constexpr int64_t dq_blocks(int64_t B, int64_t H, int64_t Tq, int64_t d) {
+  return ceil_div(Tq, split_d(int(d)) ? DqTile<256>::kBlockM : DqTile<128>::kBlockM) * B * H;
 }
 static_assert(DkdvTile<64>::kBlockN == DkdvTile<128>::kBlockN &&
                   DqTile<64>::kBlockM == DqTile<128>::kBlockM,
-              "grid sizes assume one tile shape for every d");
+              "grid sizes assume one tile shape for d 64 and 128");
+
+// Shared memory of the larger of the two kernels for head dimension d.
+constexpr std::size_t backward_smem_bytes(int64_t d) {
+  return d == 64    ? backward_smem_bytes<64>()
+         : d == 128 ? backward_smem_bytes<128>()
+                    : backward_smem_bytes<256>();
+}
 
 // dq, dk, dv from the parameters; p.c.lse2 / p.c.dsum point at a workspace
 // of 2 x B*H*tq_padded floats (written by the preprocessing kernel first).
-// `stream` is a cudaStream_t. Instantiated in launch_backward_d{64,128}.cu.
+// `stream` is a cudaStream_t. Instantiated in launch_backward_d{64,128,256}.cu.
 template <int kD>
 void launch_backward(const BackwardParams& params, ElemType elem, void* stream);
 
 extern template void launch_backward<64>(const BackwardParams&, ElemType, void*);
 extern template void launch_backward<128>(const BackwardParams&, ElemType, void*);
+extern template void launch_backward<256>(const BackwardParams&, ElemType, void*);
 
 }  // namespace gqattn::hopper::bwd

@@ -84,35 +84,57 @@ struct ConsumerResult {
 // of its GEMMs ("issue point") with sync(own barrier) ... arrive(other's
 // barrier), both barriers counting 2 x 128 threads, so the warpgroups issue
 // alternately: WG0 point 0, WG1 point 0, WG0 point 1, WG1 point 1, ...
-// Both warpgroups visit the same key tiles, so both have the same number N
-// of issue points (tiles + 1). Balance, which keeps every barrier phase
-// complete at exit: WG0 skips its first sync (it starts) and WG1 its last
-// arrive (nobody waits for it); then barrier WG0 sees N - 1 syncs and N - 1
-// arrivals, barrier WG1 N and N.
+// Both warpgroups visit the same work tiles and key tiles, so both have the
+// same number N of issue points in the CTA (per work tile with keys:
+// tiles + 1). The points of all the CTA's work tiles form one alternating
+// stream: WG0 skips only its first sync of the CTA (`issued` false).
+// Balance, which keeps every barrier phase complete at exit:
+// - one work tile per CTA (kPersistentScheduler off): WG1 skips its last
+//   arrive (nobody waits for it); barrier WG0 sees N - 1 syncs and N - 1
+//   arrivals, barrier WG1 N and N;
+// - persistent: WG1 arrives at every point (it cannot know which is the
+//   CTA's last) and WG0 consumes the last arrival in drain() after its last
+//   tile; barrier WG0 sees N and N, barrier WG1 N and N.
+// No barrier is ever arrived at twice before its sync: WG0's arrival k + 1
+// follows its sync on WG1's arrival k, which follows WG1's sync on WG0's
+// arrival k (and symmetrically).
 struct PingPong {
   static constexpr uint32_t kThreads = 2 * kWarpgroupThreads;
   bool on;
   int wg;
+  bool issued = false;  // this warpgroup has passed an issue point in this CTA
 
   __device__ __forceinline__ uint32_t barrier(int w) const {
     return ptx::kFirstNamedBarrier + uint32_t(w);
   }
-  __device__ __forceinline__ void begin(bool first_point) const {
-    if (on && (wg != 0 || !first_point)) ptx::named_barrier_sync(barrier(wg), kThreads);
+  __device__ __forceinline__ void begin() const {
+    if (on && (wg != 0 || issued)) ptx::named_barrier_sync(barrier(wg), kThreads);
   }
-  __device__ __forceinline__ void end(bool last_point) const {
-    if (on && (wg == 0 || !last_point)) ptx::named_barrier_arrive(barrier(1 - wg), kThreads);
+  // last_point: the last issue point of the work tile.
+  __device__ __forceinline__ void end(bool last_point) {
+    if (on && (wg == 0 || !last_point || kPersistentScheduler))
+      ptx::named_barrier_arrive(barrier(1 - wg), kThreads);
+    issued = true;
+  }
+  // After the CTA's last work tile.
+  __device__ __forceinline__ void drain() const {
+    if (kPersistentScheduler && on && wg == 0 && issued)
+      ptx::named_barrier_sync(barrier(0), kThreads);
   }
 };
 static_assert(ptx::kFirstNamedBarrier + kConsumerWarpgroups <= ptx::kNamedBarrierCount,
               "ping-pong barrier IDs out of range");
 
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1), which owns
-// query rows [64 wg, 64 wg + 64) of the tile.
+// query rows [64 wg, 64 wg + 64) of the tile. `t`: the work tile's position
+// in the CTA's schedule (Q arrives in phase t & 1 of q_full); `kv_base`: the
+// K/V visits of the CTA's earlier work tiles (this tile's visit `it` is the
+// producer's kv_base + it). Returns after every GEMM has retired and every
+// K, V and Q slot of the tile has been released.
 template <int kD, typename Elem, bool kSoftcap>
 __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord& tile,
-                                        const MaskPolicy& mask, uint32_t smem, int wg,
-                                        ConsumerResult<kD>& out) {
+                                        const MaskPolicy& mask, uint32_t smem, int wg, int t,
+                                        int kv_base, PingPong& pp, ConsumerResult<kD>& out) {
   using Tile = ForwardTile<kD>;
   using L = SmemLayout<kD>;
   constexpr int kBM = Tile::kBlockM;
@@ -130,14 +152,17 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   const int warp_row0 = wg_row0 + warp * flash::kMmaM;
   const uint32_t q_tile = smem + L::kQ + uint32_t(wg) * kWgmmaM * kSwizzleBytes;
 
-  // Slot addresses and barrier parity of visit `it`, exactly as the producer counts.
-  const auto bar_off = [](int it) { return uint32_t(it % kStages) * L::kBarrierBytes; };
-  const auto parity = [](int it) { return uint32_t(it / kStages) & 1u; };
-  const auto k_tile = [smem](int it) {
-    return smem + L::kK + uint32_t(it % kStages) * L::kKVBytes;
+  // Slot addresses and barrier parity of this tile's visit `it` (the CTA's
+  // visit kv_base + it), exactly as the producer counts.
+  const auto bar_off = [kv_base](int it) {
+    return uint32_t((kv_base + it) % kStages) * L::kBarrierBytes;
   };
-  const auto v_tile = [smem](int it) {
-    return smem + L::kV + uint32_t(it % kStages) * L::kKVBytes;
+  const auto parity = [kv_base](int it) { return uint32_t((kv_base + it) / kStages) & 1u; };
+  const auto k_tile = [smem, kv_base](int it) {
+    return smem + L::kK + uint32_t((kv_base + it) % kStages) * L::kKVBytes;
+  };
+  const auto v_tile = [smem, kv_base](int it) {
+    return smem + L::kV + uint32_t((kv_base + it) % kStages) * L::kKVBytes;
   };
   // One arrival per consumer warp releases a slot.
   const auto release = [lane](uint32_t bar) {
@@ -191,12 +216,15 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   float s[1][kNT][4];
   uint32_t pa[kStepsPV][4];
 
-  // Always wait for Q: the CTA must not exit with its copy in flight.
-  ptx::mbar_wait(smem + L::kQFull, 0);
+  // Always wait for Q, even with no key tile: the CTA must not exit (nor
+  // the producer overwrite Q) with its copy in flight, and q_full's phases
+  // must advance once per work tile.
+  ptx::mbar_wait(smem + L::kQFull, uint32_t(t) & 1u);
   const int tiles = tile.keys.last - tile.keys.first + 1;  // the same in both warpgroups
+  // Once every S = Q K^T GEMM of the tile has retired (all read Q).
+  const auto release_q = [&] { release(smem + L::kQEmpty); };
 
   if constexpr (kIntraWarpgroupOverlap) {
-    const PingPong pp{kPingPong && Tile::kPingPongAllowed, wg};
     // The end of step `it` (its softmax done): retire the P V GEMM of
     // visit it-1 (none when it == 0; wait_group 0 then returns at once) and
     // release its V slot, rescale O to step it's row maxima, P(it) to A
@@ -212,7 +240,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     if (tiles > 0) {
       // Prologue (issue point 0): S(0) alone.
       ptx::mbar_wait(smem + L::kKFull + bar_off(0), parity(0));
-      pp.begin(/*first_point=*/true);
+      pp.begin();
       ptx::wgmma_fence();
       issue_qk(s, k_tile(0));
       pp.end(/*last_point=*/false);
@@ -235,7 +263,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
         // was copied before K(it), so waiting for it first costs nothing.
         ptx::mbar_wait(smem + L::kVFull + bar_off(it - 1), parity(it - 1));
         ptx::mbar_wait(smem + L::kKFull + bar_off(it), parity(it));
-        pp.begin(false);
+        pp.begin();
         ptx::pin(s[0]);
         ptx::pin(o[0]);
         ptx::pin(pa);
@@ -248,12 +276,13 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
         release(smem + L::kKEmpty + bar_off(it));
         scores(s, it, softmax, alpha);  // overlaps the P V GEMM
       }
+      release_q();  // S(tiles - 1) retired: by the loop's wait_group 1 or the prologue's 0
       finish_step(tiles - 1);
 
       // Epilogue (issue point tiles, the last): P(last) V(last).
       const int last = tiles - 1;
       ptx::mbar_wait(smem + L::kVFull + bar_off(last), parity(last));
-      pp.begin(false);
+      pp.begin();
       ptx::pin(o[0]);
       ptx::pin(pa);
       ptx::wgmma_fence();
@@ -263,6 +292,8 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::pin(o[0]);
       ptx::pin(pa);
       release(smem + L::kVEmpty + bar_off(last));
+    } else {
+      release_q();
     }
   } else {
     for (int it = 0; it < tiles; ++it) {
@@ -284,6 +315,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::pin(o[0]);
       release(smem + L::kVEmpty + bar_off(it));
     }
+    release_q();  // every GEMM of the tile was waited for
   }
 
   softmax.finalize(o, out.lse);

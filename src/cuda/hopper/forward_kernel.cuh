@@ -1,11 +1,14 @@
 // cuda-hopper: the forward kernel (sm_90a): warp-specialised, FlashAttention-3
-// style. One CTA of 384 threads per (query tile of 128 rows, head, batch):
+// style. A CTA of 384 threads works through the work tiles (query tile of
+// 128 rows, head, batch) its TileSchedule deals it — one tile per CTA, or,
+// with kPersistentScheduler, one CTA per SM looping over tiles:
 //   warpgroup 0 (producer, setmaxnreg 24): one thread issues every TMA copy
-//     (producer.cuh); the other producer threads exit at once;
+//     of every tile (producer.cuh); the other producer threads exit at once;
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each, wgmma
 //     main loop (consumer.cuh; GEMM issues alternate between the two through
 //     named barriers 8 and 9 when ping-pong is on), then the epilogue
-//     (epilogue.cuh).
+//     (epilogue.cuh), per tile; the producer meanwhile loads the next
+//     tile's Q (once both warpgroups released Q) and K/V.
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp.
 //
 // Only the sm_90a compilation pass has a body: wgmma and setmaxnreg exist
@@ -57,24 +60,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_init(smem + L::kVFull + off, kFullArrivals);
       ptx::mbar_init(smem + L::kVEmpty + off, kEmptyArrivals);
     }
+    ptx::mbar_init(smem + L::kQEmpty, kEmptyArrivals);
     ptx::mbar_init_fence();
   }
   __syncthreads();
 
   const MaskPolicy mask(p.mask);
-  const TileCoord tile = tile_coord<Tile::kBlockM, Tile::kBlockN>(p, mask);
+  const TileSchedule schedule{p.num_tiles};
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x == 0) produce<kD>(p, tile, smem);
+    if (threadIdx.x == 0) produce<kD>(p, mask, schedule, smem);
     return;
   }
   ptx::setmaxnreg_inc<kConsumerRegisters>();
   const int wg = warpgroup - 1;
-  ConsumerResult<kD> result;
-  consume<kD, Elem, kSoftcap>(p, tile, mask, smem, wg, result);
-  store_output<kD, Elem>(p, tile, mask.tq, wg, result);
+  PingPong pp{kPingPong && kIntraWarpgroupOverlap && Tile::kPingPongAllowed, wg};
+  int kv_base = 0;  // K/V visits of the earlier tiles, as the producer counts
+  for (int t = 0; schedule.valid(t); ++t) {
+    const TileCoord tile =
+        tile_coord<Tile::kBlockM, Tile::kBlockN>(p, mask, int(schedule.index(t)));
+    ConsumerResult<kD> result;
+    consume<kD, Elem, kSoftcap>(p, tile, mask, smem, wg, t, kv_base, pp, result);
+    store_output<kD, Elem>(p, tile, mask.tq, wg, result);
+    kv_base += max(0, tile.keys.last - tile.keys.first + 1);
+  }
+  pp.drain();
 #else
   (void)p;
   __trap();  // no sm_90a code in this pass: never launched (see why_not)

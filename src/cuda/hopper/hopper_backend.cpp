@@ -1,11 +1,10 @@
 // cuda-hopper: the BackendImpl of the sm_90a forward (wgmma, TMA, warp
 // specialisation): what it supports (why_not, why_not_tensor), and the
 // translation of validated TensorRefs into kernel parameters and TMA maps.
-// Backward (bwd::launch_backward) runs d in {64, 128} and refuses d = 256
-// (Auto then takes cuda-flash). Checked by
+// Backward (bwd::launch_backward) runs d in {64, 128, 256}. Checked by
 // tests/gpu/test_hopper_backward.cpp (backward against the f64 oracle) and
 // tests/gpu/test_hopper_forward.cpp (every feature against the f64 oracle,
-// the refusal messages, backward's refusal at d = 256).
+// the refusal messages).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -180,23 +179,22 @@ class CudaHopperBackend final : public BackendImpl {
     }
   }
 
-  // d in {64, 128}; for d = 256 Auto takes cuda-flash (dispatch tries the
-  // backends in order).
+  // d in {64, 128, 256} (d = 256 splits d over the consumer warpgroups).
   std::string why_not_backward(const Problem& p, DType dtype, Device device) const override {
     const std::string r = why_not(p, dtype, device);
     if (!r.empty()) return r;
     if (!hopper::bwd::head_dim_supported(p.d))
-      return "not supported: cuda-hopper backward supports d in {64, 128} so far (got d=" +
+      return "not supported: cuda-hopper backward supports d in {64, 128, 256} (got d=" +
              std::to_string(p.d) + "); use cuda-flash";
     const int64_t grid = std::max(
-        {hopper::bwd::dkdv_blocks(p.B, p.Hkv, p.Tk), hopper::bwd::dq_blocks(p.B, p.H, p.Tq),
+        {hopper::bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d),
+         hopper::bwd::dq_blocks(p.B, p.H, p.Tq, p.d),
          hopper::bwd::ceil_div(p.B * p.H * tq_padded(p.Tq), flash::kPreprocessRowsPerBlock)});
     if (grid > kMaxGridX)
       return "not supported: cuda-hopper backward needs at most 2^31-1 thread blocks (" +
              std::to_string(grid) + " blocks)";
 #ifdef GQATTN_HOPPER_SM90A
-    const std::size_t need = p.d == 64 ? hopper::bwd::backward_smem_bytes<64>()
-                                       : hopper::bwd::backward_smem_bytes<128>();
+    const std::size_t need = hopper::bwd::backward_smem_bytes(p.d);
     const std::size_t have = cuda::current_device_properties().max_shared_per_block_optin;
     if (need > have)
       return "not supported: cuda-hopper backward d=" + std::to_string(p.d) + " needs " +
@@ -258,8 +256,10 @@ class CudaHopperBackend final : public BackendImpl {
     try {
       if (d == 64)
         hopper::bwd::launch_backward<64>(p, elem, a.options.stream);
-      else
+      else if (d == 128)
         hopper::bwd::launch_backward<128>(p, elem, a.options.stream);
+      else
+        hopper::bwd::launch_backward<256>(p, elem, a.options.stream);
     } catch (...) {
       cudaFreeAsync(workspace, stream);
       throw;

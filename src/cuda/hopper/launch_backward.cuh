@@ -31,7 +31,7 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
   }
   {
     constexpr int kSmem = int(DkdvSmem<kD>::kAllocBytes);
-    const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk));
+    const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk, kD));
     auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap>;
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -40,7 +40,7 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
   }
   {
     constexpr int kSmem = int(DqSmem<kD>::kAllocBytes);
-    const int blocks = int(dq_blocks(p.c.B, p.c.H, p.c.mask.tq));
+    const int blocks = int(dq_blocks(p.c.B, p.c.H, p.c.mask.tq, kD));
     auto kernel = backward_dq_kernel<kD, Elem, kSoftcap>;
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));

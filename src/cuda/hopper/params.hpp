@@ -31,6 +31,8 @@ struct ForwardParams {
   int64_t lse_batch_stride = 0;
   int64_t lse_head_stride = 0;
   int B = 0, H = 0, Hkv = 0;
+  // Work tiles, (query tiles) x B x H (forward_blocks); the launcher sets it.
+  int num_tiles = 0;
   MaskArgs mask;
   ScoreArgs score;
 };

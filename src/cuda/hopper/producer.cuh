@@ -9,7 +9,8 @@
 // at 1 so the first pass through the ring does not wait), arms k_full[s]
 // with the tile's byte count and issues the copies, whose completion flips
 // k_full[s]; the same for V. Iteration `it` uses slot it % kStages in phase
-// (it / kStages) & 1, exactly as the consumers count.
+// (it / kStages) & 1, exactly as the consumers count. Q has one slot with
+// q_full / q_empty (the persistent scheduler's tiles reuse it).
 #pragma once
 
 #include <cstdint>
@@ -33,10 +34,14 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
     ptx::tma_load_4d(dst + c * kBlockBytes, map, bar, c * kColBlock, head, row0, batch);
 }
 
-// Run by exactly one thread of the CTA.
+// Run by exactly one thread of the CTA: every work tile of the CTA's
+// schedule in order. Visits of K/V are counted across tiles (`it` is never
+// reset), exactly as the consumers count. Q of the CTA's t-th tile is
+// loaded in phase t & 1 of q_full; for t >= 1 only after phase (t - 1) & 1
+// of q_empty, which the consumers complete once no GEMM reads Q any more.
 template <int kD>
-__device__ __forceinline__ void produce(const ForwardParams& p, const TileCoord& tile,
-                                        uint32_t smem) {
+__device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy& mask,
+                                        const TileSchedule& schedule, uint32_t smem) {
   using Tile = ForwardTile<kD>;
   using L = SmemLayout<kD>;
   constexpr int kBN = Tile::kBlockN;
@@ -46,25 +51,29 @@ __device__ __forceinline__ void produce(const ForwardParams& p, const TileCoord&
   ptx::tma_prefetch(&p.k_map);
   ptx::tma_prefetch(&p.v_map);
 
-  ptx::mbar_arrive_expect_tx(smem + L::kQFull, L::kQBytes);
-  load_tile<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, tile.m0, tile.h, tile.b);
-
   int it = 0;
-  for (int n_block = tile.keys.last; n_block >= tile.keys.first; --n_block, ++it) {
-    const int stage = it % kStages;
-    const uint32_t parity = uint32_t(it / kStages) & 1u;
-    const int n0 = n_block * kBN;
-    const uint32_t bar_off = uint32_t(stage) * L::kBarrierBytes;
+  for (int t = 0; schedule.valid(t); ++t) {
+    const TileCoord tile = tile_coord<Tile::kBlockM, kBN>(p, mask, int(schedule.index(t)));
+    if (t > 0) ptx::mbar_wait(smem + L::kQEmpty, uint32_t(t - 1) & 1u);
+    ptx::mbar_arrive_expect_tx(smem + L::kQFull, L::kQBytes);
+    load_tile<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, tile.m0, tile.h, tile.b);
 
-    ptx::mbar_wait(smem + L::kKEmpty + bar_off, parity ^ 1u);
-    ptx::mbar_arrive_expect_tx(smem + L::kKFull + bar_off, L::kKVBytes);
-    load_tile<kD, kBN>(smem + L::kK + stage * L::kKVBytes, &p.k_map, smem + L::kKFull + bar_off, n0,
-                       tile.hk, tile.b);
+    for (int n_block = tile.keys.last; n_block >= tile.keys.first; --n_block, ++it) {
+      const int stage = it % kStages;
+      const uint32_t parity = uint32_t(it / kStages) & 1u;
+      const int n0 = n_block * kBN;
+      const uint32_t bar_off = uint32_t(stage) * L::kBarrierBytes;
 
-    ptx::mbar_wait(smem + L::kVEmpty + bar_off, parity ^ 1u);
-    ptx::mbar_arrive_expect_tx(smem + L::kVFull + bar_off, L::kKVBytes);
-    load_tile<kD, kBN>(smem + L::kV + stage * L::kKVBytes, &p.v_map, smem + L::kVFull + bar_off, n0,
-                       tile.hk, tile.b);
+      ptx::mbar_wait(smem + L::kKEmpty + bar_off, parity ^ 1u);
+      ptx::mbar_arrive_expect_tx(smem + L::kKFull + bar_off, L::kKVBytes);
+      load_tile<kD, kBN>(smem + L::kK + stage * L::kKVBytes, &p.k_map, smem + L::kKFull + bar_off,
+                         n0, tile.hk, tile.b);
+
+      ptx::mbar_wait(smem + L::kVEmpty + bar_off, parity ^ 1u);
+      ptx::mbar_arrive_expect_tx(smem + L::kVFull + bar_off, L::kKVBytes);
+      load_tile<kD, kBN>(smem + L::kV + stage * L::kKVBytes, &p.v_map, smem + L::kVFull + bar_off,
+                         n0, tile.hk, tile.b);
+    }
   }
 }
 

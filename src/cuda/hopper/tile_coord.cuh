@@ -1,10 +1,17 @@
-// cuda-hopper: which work tile a CTA owns — (query tile, head, batch) from
-// the 1-D grid, the kv head of its GQA group, and the key tiles the mask
-// policy says it visits. The grid is 1-D (B*H may exceed grid.y's limit)
-// and ordered so that the last query tiles, which visit the most keys under
-// a causal mask, are scheduled first. Checked through
-// tests/gpu/test_hopper_forward.cpp.
+// cuda-hopper: which work tiles a CTA owns — (query tile, head, batch) from
+// a linear tile index, the kv head of its GQA group, and the key tiles the
+// mask policy says it visits. Tile indices are ordered so that the last
+// query tiles, which visit the most keys under a causal mask, come first.
+// TileSchedule deals the indices to the CTAs of the (1-D) grid: CTA c takes,
+// in round r, index r * G + c (r even) or r * G + G - 1 - c (r odd), G =
+// gridDim.x. The order is fixed (deterministic, no atomics) and the same in
+// the producer and the consumers of a CTA; serpentine rounds cancel the bias
+// a plain stride would give CTA 0 (always the longest tile of a round).
+// With one CTA per tile (kPersistentScheduler off) every CTA gets exactly
+// index blockIdx.x. Checked through tests/gpu/test_hopper_forward.cpp.
 #pragma once
+
+#include <cstdint>
 
 #include "cuda/flash/mask.cuh"
 #include "cuda/hopper/params.hpp"
@@ -21,13 +28,27 @@ struct TileCoord {
   BlockRange keys;  // key tiles visited, walked from keys.last down to keys.first
 };
 
+// The work tiles of this CTA, in order: k-th tile index(k) while valid(k).
+struct TileSchedule {
+  int64_t num_tiles;
+
+  __device__ __forceinline__ int64_t index(int k) const {
+    const int64_t grid = gridDim.x;
+    const int64_t c = (k & 1) ? grid - 1 - int64_t(blockIdx.x) : int64_t(blockIdx.x);
+    return int64_t(k) * grid + c;
+  }
+  // Rounds only grow, so the first invalid k ends the CTA's list.
+  __device__ __forceinline__ bool valid(int k) const { return index(k) < num_tiles; }
+};
+
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const MaskPolicy& mask) {
+__device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const MaskPolicy& mask,
+                                                int index) {
   TileCoord c;
   const int num_bh = p.B * p.H;
-  const int num_m = int(gridDim.x) / num_bh;
-  const int m_block = num_m - 1 - int(blockIdx.x) / num_bh;
-  const int bh = int(blockIdx.x) % num_bh;
+  const int num_m = p.num_tiles / num_bh;
+  const int m_block = num_m - 1 - index / num_bh;
+  const int bh = index % num_bh;
   c.b = bh / p.H;
   c.h = bh % p.H;
   c.hk = c.h / (p.H / p.Hkv);

@@ -55,9 +55,15 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   by FMA Newton steps (softcap.cuh) instead of cuda-flash's
 //   apply_softcap (ex2 + rcp: two MUFU ops on top of the softmax's ex2).
 //   Only for tiles whose ForwardTile::kFastSoftcapAllowed is set.
+// - kPersistentScheduler: launch min(tiles, SMs) CTAs (one per SM); each
+//   loops over work tiles in a fixed order (tile_coord.cuh TileSchedule:
+//   longest-first, serpentine rounds), so the producer loads the next
+//   tile's Q and K/V while the consumers finish and store the current one.
+//   Off: one CTA per work tile (the same code with one tile per CTA).
 constexpr bool kIntraWarpgroupOverlap = true;
 constexpr bool kPingPong = true;
 constexpr bool kFastSoftcap = true;
+constexpr bool kPersistentScheduler = true;
 
 template <int kD>
 struct ForwardTile;
@@ -95,14 +101,17 @@ struct SmemLayout {
   static constexpr uint32_t kK = kQ + kQBytes;
   static constexpr uint32_t kV = kK + Tile::kStages * kKVBytes;
   static constexpr uint32_t kBarriers = kV + Tile::kStages * kKVBytes;
-  // mbarriers (8 bytes each): q_full, then per stage k_full, k_empty, v_full, v_empty.
+  // mbarriers (8 bytes each): q_full, then per stage k_full, k_empty, v_full,
+  // v_empty, then q_empty (the consumers are done with Q: the persistent
+  // producer may load the next tile's).
   static constexpr uint32_t kBarrierBytes = 8;
   static constexpr uint32_t kQFull = kBarriers;
   static constexpr uint32_t kKFull = kQFull + kBarrierBytes;
   static constexpr uint32_t kKEmpty = kKFull + Tile::kStages * kBarrierBytes;
   static constexpr uint32_t kVFull = kKEmpty + Tile::kStages * kBarrierBytes;
   static constexpr uint32_t kVEmpty = kVFull + Tile::kStages * kBarrierBytes;
-  static constexpr uint32_t kEnd = kVEmpty + Tile::kStages * kBarrierBytes;
+  static constexpr uint32_t kQEmpty = kVEmpty + Tile::kStages * kBarrierBytes;
+  static constexpr uint32_t kEnd = kQEmpty + kBarrierBytes;
   // Dynamic shared memory is only guaranteed 16-byte aligned: ask for one
   // atom more and round the base up.
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;

@@ -1,0 +1,65 @@
+// cuda-hopper: the backward's tile shapes per head dimension and its
+// performance switches (plain C++, included by backward_params.hpp). Every
+// switch only reorders or re-buffers work that is already correct with it
+// off; flip one to false to go back to the simpler schedule (docs/hopper.md,
+// "Backward"). Checked by compiling (`-Xptxas -v`: no spills, no
+// serialised wgmma) and by tests/gpu/test_hopper_backward.cpp.
+#pragma once
+
+#include <cstddef>
+
+namespace gqattn::hopper::bwd {
+
+// sm_90's opt-in shared memory per block (227 KB); every layout must fit.
+constexpr std::size_t kBwdMaxSmemBytes = 227 * 1024;
+
+// Overlap in both kernels: S (S^T) and dP (dP^T) are committed as two wgmma
+// groups; P is computed from S while the dP group still runs (wait_group 1,
+// then 0). Off under softcap (dS needs tanh of S after dP has landed; kept
+// simple). Off: one group, wait_group 0.
+constexpr bool kBwdOverlapSdP = true;
+// Overlap in the dK/dV kernel: dV += P^T dO is committed on its own and runs
+// while dS^T is computed; then dK += dS^T Q. Off: both in one group after dS.
+constexpr bool kBwdOverlapDv = true;
+// Ring depth of Q/dO (dK/dV kernel) and K/V (dQ kernel) for d <= 128:
+// 3 slots (shared memory allows it at one CTA per SM) instead of 2.
+constexpr bool kBwdDeepRing = true;
+constexpr int kBwdRingStagesDeep = 3;
+constexpr int kBwdRingStagesShallow = 2;
+
+// d = 256: dK, dV (and dQ) of 64 rows would need 2 x 128 f32 registers per
+// thread, so both consumer warpgroups own the SAME 64 rows and split d:
+// warpgroup w accumulates columns [128 w, 128 w + 128). Each warpgroup
+// computes the full S^T, dP^T (S, dP) of those rows itself (identical bits
+// in both; 1/3 of the GEMM work is redundant), so no exchange through
+// shared memory and no extra barrier is needed.
+constexpr bool split_d(int d) { return d > 128; }
+
+// dK/dV: kBlockN keys per CTA (64 per consumer warpgroup, or 64 shared by
+// both when split over d), query tiles of kBlockM rows (the N of
+// S^T = K Q^T and the K of dV += P^T dO), kStages slots of Q, dO, lse2, D.
+// Per consumer thread: S^T, dP^T 2 x kBlockM/2, dK, dV 2 x kColsPerWg/2 f32
+// registers (64 + 128 for d 128 and 256).
+template <int kD>
+struct DkdvTile {
+  static constexpr bool kSplitD = split_d(kD);
+  static constexpr int kBlockN = kSplitD ? 64 : 128;
+  static constexpr int kBlockM = 64;
+  static constexpr int kStages =
+      (!kSplitD && kBwdDeepRing) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
+  static constexpr int kColsPerWg = kSplitD ? kD / 2 : kD;  // dK, dV columns of one warpgroup
+};
+// dQ: kBlockM query rows per CTA (64 per consumer warpgroup, or 64 shared by
+// both when split over d), key tiles of kBlockN in a kStages ring (K and V
+// of a tile share one slot).
+template <int kD>
+struct DqTile {
+  static constexpr bool kSplitD = split_d(kD);
+  static constexpr int kBlockM = kSplitD ? 64 : 128;
+  static constexpr int kBlockN = 64;
+  static constexpr int kStages =
+      (!kSplitD && kBwdDeepRing) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
+  static constexpr int kColsPerWg = kSplitD ? kD / 2 : kD;  // dQ columns of one warpgroup
+};
+
+}  // namespace gqattn::hopper::bwd
