@@ -11,6 +11,8 @@
 //   f32:       1e-5
 //   bf16/f16:  2 x (error of the f32 CPU mirror on the same rounded inputs)
 //              + one rounding of an output element (2^-8 bf16, 2^-11 f16)
+//              + for o, dq, dk, dv one more: the 16-bit P or dS operand of
+//                the tensor-core product that forms them (see check.cpp)
 #pragma once
 
 #include <cstdint>

@@ -205,14 +205,23 @@ static Report run_checked(const Config& c, Device device, Report report) {
 
   // Tolerances. For 16-bit I/O the yardstick is the same math in f32 on the
   // same rounded inputs (the CPU mirror; its backward gets o rounded like the
-  // backend's), doubled, plus one output rounding.
+  // backend's), doubled, plus the roundings the 16-bit result goes through:
+  // the output's own, and for o, dq, dk, dv the 16-bit operand (P or dS) of
+  // the tensor-core product that forms them, as in every fused attention
+  // kernel (FlashAttention 2/3, cuDNN). Where few terms are summed those
+  // operand roundings add up coherently: e.g. dv at T = 64, H = 1, d = 256
+  // reaches 4.1e-3 in bf16 with an exact kernel that rounds P (a float64
+  // model of it), above one rounding (2^-8 = 3.9e-3). lse is f32 from f32
+  // scores: one rounding.
   std::vector<double> tolerance(report.metrics.size(), kF32Tolerance);
   if (c.dtype != DType::f32) {
     const Outputs mirror = run_backend(c, Backend::Cpu, DType::f32, Device::cpu, in, c.dtype);
     const std::vector<Metric> baseline = compare_all(mirror, fwd, grads_or_null);
     const double rounding = c.dtype == DType::bf16 ? kBf16Rounding : kF16Rounding;
-    for (std::size_t i = 0; i < baseline.size(); ++i)
-      tolerance[i] = 2.0 * baseline[i].error + rounding;
+    for (std::size_t i = 0; i < baseline.size(); ++i) {
+      const double roundings = baseline[i].name == "lse" ? 1.0 : 2.0;
+      tolerance[i] = 2.0 * baseline[i].error + roundings * rounding;
+    }
   }
   bool all_pass = true;
   for (std::size_t i = 0; i < report.metrics.size(); ++i) {
