@@ -19,6 +19,7 @@
 #include "gqattn/attention.hpp"
 #include "gqattn/check.hpp"
 #include "gqattn/dtype.hpp"
+#include "oracle_cases.hpp"
 
 namespace {
 
@@ -29,40 +30,11 @@ using gqattn::Problem;
 
 constexpr uint64_t kSeed = 20261201;
 
-struct FlashCase {
-  std::string name;
-  Problem problem;
-  DType dtype = DType::bf16;
-  bool padded = false;
-};
-
-std::ostream& operator<<(std::ostream& os, const FlashCase& c) { return os << c.name; }
-
-FlashCase make(const std::string& name, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
-               int64_t d, bool causal, int64_t window = 0, float softcap = 0.0f,
-               DType dtype = DType::bf16, bool padded = false) {
-  FlashCase c;
-  c.name = name;
-  c.problem.B = B;
-  c.problem.Tq = Tq;
-  c.problem.Tk = Tk;
-  c.problem.H = H;
-  c.problem.Hkv = Hkv;
-  c.problem.d = d;
-  c.problem.causal = causal;
-  c.problem.window = window;
-  c.problem.softcap = softcap;
-  c.dtype = dtype;
-  c.padded = padded;
-  return c;
-}
-
-// Softcap cases with scale 1 instead of 1/sqrt(d): logits of a few hundred,
-// far into tanh's saturation.
-FlashCase large_logits(FlashCase c) {
-  c.problem.scale = 1.0f;
-  return c;
-}
+using FlashCase = gqattn::testing::OracleCase;
+using gqattn::testing::case_name;
+using gqattn::testing::describe;
+using gqattn::testing::large_logits;
+using gqattn::testing::make;
 
 std::vector<FlashCase> cases() {
   const DType f16 = DType::f16;
@@ -120,17 +92,6 @@ std::vector<FlashCase> all_cases() {
   return all;
 }
 
-std::string describe(const gqattn::check::Report& r) {
-  std::string out = "backend ran=" + std::to_string(r.ran) +
-                    " deterministic=" + std::to_string(r.deterministic) +
-                    (r.skipped.empty() ? "" : " skipped: " + r.skipped);
-  for (const auto& m : r.metrics)
-    out += "\n  " + m.name + ": error " + std::to_string(m.error) + " tolerance " +
-           std::to_string(m.tolerance) + (m.pass ? " ok" : " FAIL") +
-           (m.note.empty() ? "" : " (" + m.note + ")");
-  return out;
-}
-
 // The dQ strategy a test runs with, through the backend's environment
 // switch; the previous value is restored afterwards.
 class ScopedDqStrategy {
@@ -186,8 +147,6 @@ TEST_P(FlashVsOracle, OrderedDq) {
   const ScopedDqStrategy strategy("ordered");
   run_case(GetParam());
 }
-
-std::string case_name(const ::testing::TestParamInfo<FlashCase>& param) { return param.param.name; }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashVsOracle, ::testing::ValuesIn(all_cases()), case_name);
 

@@ -19,6 +19,7 @@
 #include "gqattn/attention.hpp"
 #include "gqattn/check.hpp"
 #include "gqattn/dtype.hpp"
+#include "oracle_cases.hpp"
 
 namespace {
 
@@ -30,40 +31,11 @@ using gqattn::Problem;
 
 constexpr uint64_t kSeed = 20261203;
 
-struct BackwardCase {
-  std::string name;
-  Problem problem;
-  DType dtype = DType::bf16;
-  bool padded = false;
-};
-
-std::ostream& operator<<(std::ostream& os, const BackwardCase& c) { return os << c.name; }
-
-BackwardCase make(const std::string& name, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                  int64_t Hkv, int64_t d, bool causal, int64_t window = 0, float softcap = 0.0f,
-                  DType dtype = DType::bf16, bool padded = false) {
-  BackwardCase c;
-  c.name = name;
-  c.problem.B = B;
-  c.problem.Tq = Tq;
-  c.problem.Tk = Tk;
-  c.problem.H = H;
-  c.problem.Hkv = Hkv;
-  c.problem.d = d;
-  c.problem.causal = causal;
-  c.problem.window = window;
-  c.problem.softcap = softcap;
-  c.dtype = dtype;
-  c.padded = padded;
-  return c;
-}
-
-// Softcap cases with scale 1 instead of 1/sqrt(d): logits of a few hundred,
-// far into tanh's saturation (1 - tanh^2 underflows to 0 there).
-BackwardCase large_logits(BackwardCase c) {
-  c.problem.scale = 1.0f;
-  return c;
-}
+using BackwardCase = gqattn::testing::OracleCase;
+using gqattn::testing::case_name;
+using gqattn::testing::describe;
+using gqattn::testing::large_logits;
+using gqattn::testing::make;
 
 std::vector<BackwardCase> cases() {
   const DType f16 = DType::f16;
@@ -130,18 +102,6 @@ std::vector<BackwardCase> cases() {
   };
 }
 
-std::string describe(const gqattn::check::Report& r) {
-  std::string out = "ran=" + std::to_string(r.ran) +
-                    " deterministic=" + std::to_string(r.deterministic) +
-                    (r.skipped.empty() ? "" : " skipped: " + r.skipped) +
-                    (r.backward_skipped.empty() ? "" : " backward skipped: " + r.backward_skipped);
-  for (const auto& m : r.metrics)
-    out += "\n  " + m.name + ": error " + std::to_string(m.error) + " tolerance " +
-           std::to_string(m.tolerance) + (m.pass ? " ok" : " FAIL") +
-           (m.note.empty() ? "" : " (" + m.note + ")");
-  return out;
-}
-
 // The reason cuda-hopper cannot run `p`'s backward here, or "".
 std::string why_not_backward(const Problem& p, DType dtype) {
   const gqattn::Explanation why =
@@ -173,10 +133,6 @@ TEST_P(HopperBackwardVsOracle, Backward) {
   EXPECT_EQ(report.backend, Backend::CudaHopper);
   EXPECT_TRUE(report.backward_skipped.empty()) << report.backward_skipped;
   EXPECT_TRUE(report.pass) << describe(report);
-}
-
-std::string case_name(const ::testing::TestParamInfo<BackwardCase>& param) {
-  return param.param.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsOracle, ::testing::ValuesIn(cases()), case_name);

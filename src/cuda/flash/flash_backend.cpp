@@ -77,11 +77,6 @@ std::size_t smem_needed(int64_t d) {
   }
 }
 
-int64_t tq_padded(int64_t tq) {
-  return flash::kWorkspaceRowAlign *
-         ((tq + flash::kWorkspaceRowAlign - 1) / flash::kWorkspaceRowAlign);
-}
-
 // "" when t's data pointer and the strides of every dimension that is
 // walked are multiples of 16 bytes (cp.async and the 16-byte stores).
 std::string why_misaligned(const TensorRef& t, const char* name) {
@@ -110,8 +105,6 @@ flash::DqStrategy dq_strategy() {
   return flash::kDefaultDqStrategy;
 }
 
-flash::RowStrides strides(const TensorRef& t) { return {t.stride[0], t.stride[1], t.stride[2]}; }
-
 ElemType elem_type(DType dtype) { return dtype == DType::bf16 ? ElemType::bf16 : ElemType::f16; }
 
 class CudaFlashBackend final : public BackendImpl {
@@ -132,10 +125,11 @@ class CudaFlashBackend final : public BackendImpl {
       return "not supported: cuda-flash needs Tq, Tk < 2^30 (got Tq=" + std::to_string(p.Tq) +
              ", Tk=" + std::to_string(p.Tk) + ")";
     const int d = int(p.d);
-    const int64_t grid = std::max(
-        {flash::forward_blocks(d, p.B, p.H, p.Tq), flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk),
-         flash::dq_blocks(d, p.B, p.H, p.Tq), flash::preprocess_blocks(p.B, p.H, tq_padded(p.Tq)),
-         flash::dq_postprocess_blocks(d, p.B, p.H, tq_padded(p.Tq))});
+    const int64_t grid =
+        std::max({flash::forward_blocks(d, p.B, p.H, p.Tq), flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk),
+                  flash::dq_blocks(d, p.B, p.H, p.Tq),
+                  flash::preprocess_blocks(p.B, p.H, flash::tq_padded(p.Tq)),
+                  flash::dq_postprocess_blocks(d, p.B, p.H, flash::tq_padded(p.Tq))});
     if (grid > kMaxGridX)
       return "not supported: cuda-flash needs at most 2^31-1 thread blocks (B*H*Tq too large: " +
              std::to_string(grid) + " blocks)";
@@ -164,10 +158,10 @@ class CudaFlashBackend final : public BackendImpl {
     p.v = a.v.data;
     p.o = a.o.data;
     p.lse = static_cast<float*>(a.lse.data);
-    p.q_stride = strides(a.q);
-    p.k_stride = strides(a.k);
-    p.v_stride = strides(a.v);
-    p.o_stride = strides(a.o);
+    p.q_stride = flash::row_strides(a.q);
+    p.k_stride = flash::row_strides(a.k);
+    p.v_stride = flash::row_strides(a.v);
+    p.o_stride = flash::row_strides(a.o);
     p.lse_batch_stride = a.lse.stride[0];
     p.lse_head_stride = a.lse.stride[1];
     p.B = int(a.problem.B);
@@ -184,33 +178,8 @@ class CudaFlashBackend final : public BackendImpl {
   }
 
   void backward(const BackwardArgs& a) const override {
-    flash::BackwardParams p;
-    p.q = a.q.data;
-    p.k = a.k.data;
-    p.v = a.v.data;
-    p.o = a.o.data;
-    p.lse = static_cast<const float*>(a.lse.data);
-    p.dout = a.dout.data;
-    p.dq = a.dq.data;
-    p.dk = a.dk.data;
-    p.dv = a.dv.data;
-    p.q_stride = strides(a.q);
-    p.k_stride = strides(a.k);
-    p.v_stride = strides(a.v);
-    p.o_stride = strides(a.o);
-    p.do_stride = strides(a.dout);
-    p.dq_stride = strides(a.dq);
-    p.dk_stride = strides(a.dk);
-    p.dv_stride = strides(a.dv);
-    p.lse_batch_stride = a.lse.stride[0];
-    p.lse_head_stride = a.lse.stride[1];
-    p.B = int(a.problem.B);
-    p.H = int(a.problem.H);
-    p.Hkv = int(a.problem.Hkv);
-    p.mask = flash::mask_args(a.problem);
-    p.score = flash::score_args(a.problem);
-    const int64_t padded = tq_padded(a.problem.Tq);
-    p.tq_padded = int(padded);
+    flash::BackwardParams p = flash::backward_params(a);
+    const int64_t padded = p.tq_padded;
 
     // Workspace: lse2 and D, [B*H, tq_padded] f32 each, on the caller's
     // stream; for ordered dQ also the f32 dQ accumulator [B*H, tq_padded, d]

@@ -1,12 +1,16 @@
-// The mask and score arguments of the fused kernels (cuda-flash, and
-// cuda-hopper, which shares flash's mask policy and softmax), made from a
-// validated Problem on the host. Checked through both backends' GPU tests.
+// The fused kernels' plain-data arguments (cuda-flash, and cuda-hopper, which
+// shares flash's mask policy, softmax and backward preprocessing), made from
+// validated arguments on the host. Checked through both backends' GPU tests.
 #pragma once
 
 #include <cfloat>
 #include <cmath>
 
+#include <cstdint>
+
+#include "api/backend.hpp"
 #include "cuda/flash/params.hpp"
+#include "cuda/flash/tile_sizes.hpp"
 #include "gqattn/types.hpp"
 
 namespace gqattn::flash {
@@ -38,6 +42,49 @@ inline ScoreArgs score_args(const Problem& p) {
     s.mult = s.scale * kLog2e;
   }
   return s;
+}
+
+// Strides of a [B, T, heads, d] tensor (the d stride is 1).
+inline RowStrides row_strides(const TensorRef& t) {
+  return {t.stride[0], t.stride[1], t.stride[2]};
+}
+
+// Rows of the backward's per-(b, h) f32 workspaces (lse2, D, ...): Tq rounded
+// up so that every (b, h) block starts aligned for wide and bulk copies.
+inline int64_t tq_padded(int64_t tq) {
+  return (tq + kWorkspaceRowAlign - 1) / kWorkspaceRowAlign * kWorkspaceRowAlign;
+}
+
+// Everything of BackwardParams but the workspaces (lse2, dsum, and the
+// ordered-dQ buffers), which the caller allocates on its stream.
+inline BackwardParams backward_params(const detail::BackwardArgs& a) {
+  BackwardParams p;
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.o.data;
+  p.lse = static_cast<const float*>(a.lse.data);
+  p.dout = a.dout.data;
+  p.dq = a.dq.data;
+  p.dk = a.dk.data;
+  p.dv = a.dv.data;
+  p.q_stride = row_strides(a.q);
+  p.k_stride = row_strides(a.k);
+  p.v_stride = row_strides(a.v);
+  p.o_stride = row_strides(a.o);
+  p.do_stride = row_strides(a.dout);
+  p.dq_stride = row_strides(a.dq);
+  p.dk_stride = row_strides(a.dk);
+  p.dv_stride = row_strides(a.dv);
+  p.lse_batch_stride = a.lse.stride[0];
+  p.lse_head_stride = a.lse.stride[1];
+  p.B = int(a.problem.B);
+  p.H = int(a.problem.H);
+  p.Hkv = int(a.problem.Hkv);
+  p.mask = mask_args(a.problem);
+  p.score = score_args(a.problem);
+  p.tq_padded = int(tq_padded(a.problem.Tq));
+  return p;
 }
 
 }  // namespace gqattn::flash

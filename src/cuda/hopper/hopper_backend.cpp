@@ -73,8 +73,6 @@ int box_rows_kv(int64_t d) {
   }
 }
 
-hopper::RowStrides strides(const TensorRef& t) { return {t.stride[0], t.stride[1], t.stride[2]}; }
-
 // The backward's extra alignment needs: o is read in 16-byte chunks (the
 // preprocessing kernel), dq, dk, dv are written two elements per 32-bit
 // store. "" when the data pointer and the strides of every dimension longer
@@ -93,11 +91,6 @@ std::string why_misaligned(const TensorRef& t, const char* name, std::size_t byt
              " bytes must be a multiple of " + std::to_string(bytes) + " for " + use + " (stride[" +
              std::to_string(i) + "] = " + std::to_string(t.stride[i]) + ")";
   return "";
-}
-
-int64_t tq_padded(int64_t tq) {
-  constexpr int64_t kAlign = flash::kWorkspaceRowAlign;
-  return (tq + kAlign - 1) / kAlign * kAlign;
 }
 
 class CudaHopperBackend final : public BackendImpl {
@@ -161,7 +154,7 @@ class CudaHopperBackend final : public BackendImpl {
     p.k_map = hopper::make_tile_map(a.k, box_rows_kv(d), "k");
     p.v_map = hopper::make_tile_map(a.v, box_rows_kv(d), "v");
     p.o = a.o.data;
-    p.o_stride = strides(a.o);
+    p.o_stride = flash::row_strides(a.o);
     p.lse = static_cast<float*>(a.lse.data);
     p.lse_batch_stride = a.lse.stride[0];
     p.lse_head_stride = a.lse.stride[1];
@@ -186,10 +179,10 @@ class CudaHopperBackend final : public BackendImpl {
     if (!hopper::bwd::head_dim_supported(p.d))
       return "not supported: cuda-hopper backward supports d in {64, 128, 256} (got d=" +
              std::to_string(p.d) + "); use cuda-flash";
-    const int64_t grid = std::max(
-        {hopper::bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d),
-         hopper::bwd::dq_blocks(p.B, p.H, p.Tq, p.d),
-         hopper::bwd::ceil_div(p.B * p.H * tq_padded(p.Tq), flash::kPreprocessRowsPerBlock)});
+    const int64_t grid = std::max({hopper::bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d),
+                                   hopper::bwd::dq_blocks(p.B, p.H, p.Tq, p.d),
+                                   hopper::bwd::ceil_div(p.B * p.H * flash::tq_padded(p.Tq),
+                                                         flash::kPreprocessRowsPerBlock)});
     if (grid > kMaxGridX)
       return "not supported: cuda-hopper backward needs at most 2^31-1 thread blocks (" +
              std::to_string(grid) + " blocks)";
@@ -215,33 +208,9 @@ class CudaHopperBackend final : public BackendImpl {
     p.k_map = hopper::make_tile_map(a.k, hopper::bwd::kBoxRows, "k");
     p.v_map = hopper::make_tile_map(a.v, hopper::bwd::kBoxRows, "v");
     p.do_map = hopper::make_tile_map(a.dout, hopper::bwd::kBoxRows, "do");
+    p.c = flash::backward_params(a);
     flash::BackwardParams& c = p.c;
-    c.q = a.q.data;
-    c.k = a.k.data;
-    c.v = a.v.data;
-    c.o = a.o.data;
-    c.lse = static_cast<const float*>(a.lse.data);
-    c.dout = a.dout.data;
-    c.dq = a.dq.data;
-    c.dk = a.dk.data;
-    c.dv = a.dv.data;
-    c.q_stride = strides(a.q);
-    c.k_stride = strides(a.k);
-    c.v_stride = strides(a.v);
-    c.o_stride = strides(a.o);
-    c.do_stride = strides(a.dout);
-    c.dq_stride = strides(a.dq);
-    c.dk_stride = strides(a.dk);
-    c.dv_stride = strides(a.dv);
-    c.lse_batch_stride = a.lse.stride[0];
-    c.lse_head_stride = a.lse.stride[1];
-    c.B = int(a.problem.B);
-    c.H = int(a.problem.H);
-    c.Hkv = int(a.problem.Hkv);
-    c.mask = flash::mask_args(a.problem);
-    c.score = flash::score_args(a.problem);
-    const int64_t padded = tq_padded(a.problem.Tq);
-    c.tq_padded = int(padded);
+    const int64_t padded = c.tq_padded;
 
     // Workspace: lse2 and D, [B*H, tq_padded] f32 each, on the caller's
     // stream (cudaMallocAsync: 256-byte aligned, as the bulk copies need).
