@@ -61,13 +61,8 @@ namespace {
 
 using flash::ElemType;
 
-// Sequence lengths stay below this so that every index the kernels form
-// (i + Tk - Tq, j - off + window, tile offsets) fits in an int.
-constexpr int64_t kMaxSequence = int64_t{1} << 30;
 constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 constexpr std::size_t kLoadBytes = 16;  // cp.async chunk
-
-bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
 std::size_t smem_needed(int64_t d) {
   switch (d) {
@@ -112,18 +107,8 @@ class CudaFlashBackend final : public BackendImpl {
   Backend id() const override { return Backend::CudaFlash; }
 
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
-    if (device != Device::cuda) return "runs on CUDA devices only (got device cpu)";
-    const bool dtype_ok = dtype == DType::bf16 || dtype == DType::f16;
-    if (!dtype_ok || !head_dim_supported(p.d)) {
-      std::string got;
-      if (!head_dim_supported(p.d)) got = "d=" + std::to_string(p.d);
-      if (!dtype_ok) got += std::string(got.empty() ? "" : ", ") + "dtype " + dtype_name(dtype);
-      return "not supported: cuda-flash supports d in {64, 128, 256} and dtypes bf16/f16 (got " +
-             got + ")";
-    }
-    if (p.Tq >= kMaxSequence || p.Tk >= kMaxSequence)
-      return "not supported: cuda-flash needs Tq, Tk < 2^30 (got Tq=" + std::to_string(p.Tq) +
-             ", Tk=" + std::to_string(p.Tk) + ")";
+    const std::string shared = flash::why_not_fused_problem("cuda-flash", p, dtype, device);
+    if (!shared.empty()) return shared;
     const int d = int(p.d);
     const int64_t grid =
         std::max({flash::forward_blocks(d, p.B, p.H, p.Tq), flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk),

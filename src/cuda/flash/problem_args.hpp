@@ -7,10 +7,12 @@
 #include <cmath>
 
 #include <cstdint>
+#include <string>
 
 #include "api/backend.hpp"
 #include "cuda/flash/params.hpp"
 #include "cuda/flash/tile_sizes.hpp"
+#include "gqattn/dtype.hpp"
 #include "gqattn/types.hpp"
 
 namespace gqattn::flash {
@@ -42,6 +44,33 @@ inline ScoreArgs score_args(const Problem& p) {
     s.mult = s.scale * kLog2e;
   }
   return s;
+}
+
+// Sequence lengths stay below this so that every index the fused kernels
+// form (i + Tk - Tq, j - off + window, tile offsets, TMA coordinates) fits
+// in an int.
+constexpr int64_t kMaxSequence = int64_t{1} << 30;
+
+inline bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
+
+// The rules the fused backends share (device, dtype, head dim, sequence
+// length): "" when `backend` passes them, else the reason.
+inline std::string why_not_fused_problem(const char* backend, const Problem& p, DType dtype,
+                                         Device device) {
+  if (device != Device::cuda) return "runs on CUDA devices only (got device cpu)";
+  const bool dtype_ok = dtype == DType::bf16 || dtype == DType::f16;
+  if (!dtype_ok || !head_dim_supported(p.d)) {
+    std::string got;
+    if (!head_dim_supported(p.d)) got = "d=" + std::to_string(p.d);
+    if (!dtype_ok) got += std::string(got.empty() ? "" : ", ") + "dtype " + dtype_name(dtype);
+    return std::string("not supported: ") + backend +
+           " supports d in {64, 128, 256} and dtypes bf16/f16 (got " + got + ")";
+  }
+  if (p.Tq >= kMaxSequence || p.Tk >= kMaxSequence)
+    return std::string("not supported: ") + backend +
+           " needs Tq, Tk < 2^30 (got Tq=" + std::to_string(p.Tq) + ", Tk=" + std::to_string(p.Tk) +
+           ")";
+  return "";
 }
 
 // Strides of a [B, T, heads, d] tensor (the d stride is 1).

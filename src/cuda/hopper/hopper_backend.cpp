@@ -40,15 +40,10 @@ int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
 namespace gqattn::detail {
 namespace {
 
-// Sequence lengths stay below this so that every index the kernels form
-// (i + Tk - Tq, j - off + window, tile offsets, TMA coordinates) fits in an int.
-constexpr int64_t kMaxSequence = int64_t{1} << 30;
 constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 // sm_90a code runs on compute capability 9.0 only.
 constexpr int kNeedMajor = 9;
 constexpr int kNeedMinor = 0;
-
-bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
 [[maybe_unused]] std::size_t smem_needed(int64_t d) {
   switch (d) {
@@ -98,18 +93,8 @@ class CudaHopperBackend final : public BackendImpl {
   Backend id() const override { return Backend::CudaHopper; }
 
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
-    if (device != Device::cuda) return "runs on CUDA devices only (got device cpu)";
-    const bool dtype_ok = dtype == DType::bf16 || dtype == DType::f16;
-    if (!dtype_ok || !head_dim_supported(p.d)) {
-      std::string got;
-      if (!head_dim_supported(p.d)) got = "d=" + std::to_string(p.d);
-      if (!dtype_ok) got += std::string(got.empty() ? "" : ", ") + "dtype " + dtype_name(dtype);
-      return "not supported: cuda-hopper supports d in {64, 128, 256} and dtypes bf16/f16 (got " +
-             got + ")";
-    }
-    if (p.Tq >= kMaxSequence || p.Tk >= kMaxSequence)
-      return "not supported: cuda-hopper needs Tq, Tk < 2^30 (got Tq=" + std::to_string(p.Tq) +
-             ", Tk=" + std::to_string(p.Tk) + ")";
+    const std::string shared = flash::why_not_fused_problem("cuda-hopper", p, dtype, device);
+    if (!shared.empty()) return shared;
     const int64_t grid = hopper::forward_blocks(int(p.d), p.B, p.H, p.Tq);
     if (grid > kMaxGridX)
       return "not supported: cuda-hopper needs at most 2^31-1 thread blocks (B*H*Tq too large: " +
