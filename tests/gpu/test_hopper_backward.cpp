@@ -2,7 +2,7 @@
 // and dQ kernels) against the f64 oracle through gqattn::check (tolerances
 // of DESIGN §4, NaN-poisoned gradients, determinism by rerunning and
 // comparing bits): T = 1, T not a multiple of the tiles, Tq != Tk both ways,
-// Hkv = 1 and H / Hkv in {1, 2, 4, 8}, windows 1, 64 and >= T, softcap 30
+// Hkv = 1 and H / Hkv in {1, 2, 4, 8, 32}, windows 1, 64 and >= T, softcap 30
 // with large logits, rows with no kept key, key tiles no query sees, bf16
 // and f16, padded strides, causal and not, d 64, 128 and 256 (d split over
 // the consumer warpgroups), and sequences long enough to wrap the Q/dO and
@@ -49,6 +49,9 @@ std::vector<BackwardCase> cases() {
       make("T200_d128_mha", 1, 200, 200, 4, 4, 128, false),
       make("T200_causal_d128_gqa4", 1, 200, 200, 8, 2, 128, true),
       make("T257_causal_d128_mqa8", 1, 257, 257, 8, 1, 128, true),
+      // GQA 32 (and Hkv = 1): a kv head's dK/dV sums 32 query heads' tiles.
+      make("T150_causal_d128_mqa32", 1, 150, 150, 32, 1, 128, true),
+      make("B2_T130_window50_d128_gqa32", 2, 130, 130, 64, 2, 128, true, 50),
       make("T1000_causal_d128_gqa2", 1, 1000, 1000, 4, 2, 128, true),
       make("T700_d128_mqa", 2, 700, 700, 2, 1, 128, false),
       make("Tq37_Tk200_causal_d128", 1, 37, 200, 2, 1, 128, true),
@@ -74,6 +77,7 @@ std::vector<BackwardCase> cases() {
       make("T1_d64", 1, 1, 1, 2, 1, 64, false),
       make("T37_causal_d64_gqa2", 1, 37, 37, 4, 2, 64, true),
       make("T200_d64_mqa8", 1, 200, 200, 8, 1, 64, false),
+      make("T90_d64_mqa32", 1, 90, 90, 32, 1, 64, false),
       make("Tq200_Tk37_causal_d64_empty_rows", 1, 200, 37, 2, 2, 64, true),
       make("Tq70_Tk180_causal_window40_d64", 1, 70, 180, 4, 2, 64, true, 40),
       large_logits(make("T96_softcap30_d64", 2, 96, 96, 2, 1, 64, false, 0, 30.0f)),
@@ -85,6 +89,7 @@ std::vector<BackwardCase> cases() {
       make("T1_causal_d256_mha", 2, 1, 1, 2, 2, 256, true),
       make("T64_d256", 1, 64, 64, 1, 1, 256, false),
       make("T100_causal_d256_gqa2", 1, 100, 100, 4, 2, 256, true),
+      make("T70_causal_d256_mqa32", 1, 70, 70, 32, 1, 256, true),
       make("T257_causal_d256_mqa4", 1, 257, 257, 4, 1, 256, true),
       make("T700_causal_d256_gqa2", 1, 700, 700, 4, 2, 256, true),
       make("Tq37_Tk200_causal_d256", 1, 37, 200, 2, 1, 256, true),
