@@ -57,8 +57,11 @@ struct Problem {
 
 struct Options {
   Backend backend = Backend::Auto;
-  void* stream = nullptr;     // cudaStream_t for CUDA backends; ignored on the CPU
-  bool deterministic = true;  // same bits on every run
+  void* stream = nullptr;  // cudaStream_t for CUDA backends; ignored on the CPU
+  // Same bits on every run. Every backend is deterministic today, so false
+  // changes nothing yet; it permits a faster non-deterministic path (atomic
+  // dQ accumulation) where one is added later.
+  bool deterministic = true;
 };
 
 }  // namespace gqattn
