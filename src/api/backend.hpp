@@ -36,11 +36,13 @@ class BackendImpl {
     return why_not(problem, dtype, device);
   }
   // Checks one argument tensor needs beyond validate.cpp's (residency on the
-  // device, alignment for wide loads). Dispatch asks for every tensor of the
-  // call, lse included when present. "" when fine.
-  virtual std::string why_not_tensor(const TensorRef& tensor, const char* name) const {
+  // device, alignment for wide loads), for the pass it is an argument of (o
+  // is an output of forward and an input of backward). Dispatch asks for
+  // every tensor of the call, lse included when present. "" when fine.
+  virtual std::string why_not_tensor(const TensorRef& tensor, const char* name, Pass pass) const {
     (void)tensor;
     (void)name;
+    (void)pass;
     return "";
   }
   virtual void forward(const ForwardArgs& args) const = 0;

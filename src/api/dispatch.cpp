@@ -72,10 +72,10 @@ struct Named {
 };
 
 // The chosen backend's own per-tensor rules, before anything runs.
-void require_tensors(const BackendImpl& impl, std::initializer_list<Named> tensors) {
+void require_tensors(const BackendImpl& impl, Pass pass, std::initializer_list<Named> tensors) {
   for (const Named& t : tensors) {
     if (t.tensor->data == nullptr) continue;  // forward's optional lse
-    const std::string reason = impl.why_not_tensor(*t.tensor, t.name);
+    const std::string reason = impl.why_not_tensor(*t.tensor, t.name, pass);
     if (!reason.empty())
       throw Error("backend", std::string(backend_name(impl.id())) + ": " + reason);
   }
@@ -101,7 +101,8 @@ void forward(const Problem& problem, const TensorRef& q, const TensorRef& k, con
   validate_tensor(problem, Role::lse, lse, q.dtype, q.device, /*required=*/false);
   const BackendImpl* impl =
       choose_or_throw(problem, q.dtype, q.device, options.backend, Pass::forward);
-  require_tensors(*impl, {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}});
+  require_tensors(*impl, Pass::forward,
+                  {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}});
   impl->forward(ForwardArgs{resolved(problem), q, k, v, o, lse, options});
 }
 
@@ -121,15 +122,16 @@ void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, co
   validate_tensor(problem, Role::dv, dv, q.dtype, q.device);
   const BackendImpl* impl =
       choose_or_throw(problem, q.dtype, q.device, options.backend, Pass::backward);
-  require_tensors(*impl, {{"q", &q},
-                          {"k", &k},
-                          {"v", &v},
-                          {"o", &o},
-                          {"lse", &lse},
-                          {"do", &dout},
-                          {"dq", &dq},
-                          {"dk", &dk},
-                          {"dv", &dv}});
+  require_tensors(*impl, Pass::backward,
+                  {{"q", &q},
+                   {"k", &k},
+                   {"v", &v},
+                   {"o", &o},
+                   {"lse", &lse},
+                   {"do", &dout},
+                   {"dq", &dq},
+                   {"dk", &dk},
+                   {"dv", &dv}});
   impl->backward(BackwardArgs{resolved(problem), q, k, v, o, lse, dout, dq, dk, dv, options});
 }
 

@@ -129,7 +129,7 @@ class CudaFlashBackend final : public BackendImpl {
     return "";
   }
 
-  std::string why_not_tensor(const TensorRef& t, const char* name) const override {
+  std::string why_not_tensor(const TensorRef& t, const char* name, Pass) const override {
     std::string r = why_not_resident(t, name);
     // lse is f32 and read or written one element at a time.
     if (r.empty() && t.rank == 4) r = why_misaligned(t, name);

@@ -118,13 +118,15 @@ class CudaHopperBackend final : public BackendImpl {
 #endif
   }
 
-  std::string why_not_tensor(const TensorRef& t, const char* name) const override {
+  std::string why_not_tensor(const TensorRef& t, const char* name, Pass pass) const override {
     std::string r = cuda::why_not_device_pointer(t.data, name);
     // q, k, v (and the backward's do) are read by TMA and need its
-    // alignment; dq, dk, dv are written two elements per 32-bit store; o and
-    // lse are written with plain stores (backward() checks o's 16-byte
-    // chunks, as o is an input there).
+    // alignment; dq, dk, dv are written two elements per 32-bit store; the
+    // forward writes o and lse with plain stores, while the backward reads o
+    // in 16-byte chunks (cuda-flash's preprocessing kernel).
     const std::string role = name;
+    if (r.empty() && role == "o" && pass == Pass::backward)
+      r = why_misaligned(t, name, kChunkBytes, "the backward's 16-byte loads");
     if (r.empty() && (role == "q" || role == "k" || role == "v" || role == "do"))
       r = hopper::why_not_tma(t, name);
     if (r.empty() && (role == "dq" || role == "dk" || role == "dv"))
@@ -183,10 +185,6 @@ class CudaHopperBackend final : public BackendImpl {
   }
 
   void backward(const BackwardArgs& a) const override {
-    // o is read in 16-byte chunks by cuda-flash's preprocessing kernel.
-    const std::string o_reason =
-        why_misaligned(a.o, "o", kChunkBytes, "the backward's 16-byte loads");
-    if (!o_reason.empty()) throw Error("backend", "cuda-hopper: " + o_reason);
     const int64_t d = a.problem.d;
     hopper::bwd::BackwardParams p;
     p.q_map = hopper::make_tile_map(a.q, hopper::bwd::kBoxRows, "q");

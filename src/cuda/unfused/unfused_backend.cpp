@@ -175,7 +175,7 @@ class CudaUnfusedBackend final : public BackendImpl {
     return "";
   }
 
-  std::string why_not_tensor(const TensorRef& t, const char* name) const override {
+  std::string why_not_tensor(const TensorRef& t, const char* name, Pass) const override {
     return cuda::why_not_device_pointer(t.data, name);
   }
 
