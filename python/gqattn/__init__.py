@@ -46,17 +46,20 @@ def _dtype_name(dtype):
 
 
 def explain(B, Tq, Tk, H, Hkv, d, *, causal=False, window=0, softcap=0.0, scale=None,
-            dtype="bfloat16", device="cuda", backend="auto"):
-    """Whether ``backend`` can run this problem, without running it.
+            dtype="bfloat16", device="cuda", backend="auto", backward=False):
+    """Whether ``backend`` can run this problem's forward (or, with
+    ``backward=True``, its backward), without running it.
 
     Returns ``{"supported": bool, "chosen": backend name, "reason": str}``;
     for ``backend="auto"``, ``chosen`` is the backend Auto would pick and
-    ``reason`` says, per backend, why the faster ones would not run.
+    ``reason`` says, per backend, why the faster ones would not run. A
+    backend may support one pass and not the other, so Auto can pick
+    different backends for forward and backward.
     ``dtype`` may be a name ("bfloat16"), a numpy or a torch dtype.
     """
     return _ext.explain(B, Tq, Tk, H, Hkv, d, causal=causal, window=window, softcap=softcap,
                         scale=scale, dtype=_dtype_name(dtype), device=str(device),
-                        backend=backend)
+                        backend=backend, backward=backward)
 
 
 def oracle_forward(q, k, v, *, causal=False, window=0, softcap=0.0, scale=None):

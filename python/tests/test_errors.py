@@ -132,3 +132,14 @@ def test_explain_bad_names():
         gqattn.explain(1, 4, 4, 2, 1, 8, device="tpu")
     r = gqattn.explain(1, 4, 4, 3, 2, 8, device="cpu", dtype="float32")
     assert not r["supported"] and "H = 3" in r["reason"]
+
+
+def test_explain_per_pass():
+    # The cpu backend runs both passes; the answer names the pass it was asked about.
+    for backward in (False, True):
+        r = gqattn.explain(1, 4, 4, 2, 1, 8, device="cpu", dtype="float32", backend="cpu",
+                           backward=backward)
+        assert r["supported"] and r["chosen"] == "cpu" and r["reason"] == ""
+    # A fused backend refuses an unsupported head dim for backward too, saying why.
+    r = gqattn.explain(1, 4, 4, 2, 1, 80, device="cuda", backend="cuda-flash", backward=True)
+    assert not r["supported"] and "cuda-flash" in r["reason"]
