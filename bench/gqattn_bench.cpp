@@ -11,7 +11,11 @@
 //
 //   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
-//                [--no-backward]
+//                [--no-backward] [--nondeterministic]
+//
+// --nondeterministic passes Options::deterministic = false (cuda-flash's
+// backward then adds dQ with atomics); each line says which in
+// "deterministic".
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -152,6 +156,7 @@ struct Settings {
   int warmup = kDefaultWarmup;
   int repeats = kDefaultRepeats;
   bool backward = true;
+  bool deterministic = true;  // Options::deterministic
 };
 
 void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream) {
@@ -159,12 +164,13 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
   const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
   std::string line;
   append(line,
-         "{\"backend\": \"%s\", \"dtype\": \"%s\", \"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, "
-         "\"H\": %lld, \"Hkv\": %lld, \"d\": %lld, \"causal\": %d, \"window\": %lld, "
-         "\"softcap\": %g, \"kept_pairs\": %.0f",
-         gqattn::backend_name(s.backend), gqattn::dtype_name(s.dtype), (long long)p.B,
-         (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv, (long long)p.d,
-         int(p.causal), (long long)p.window, double(p.softcap), pairs);
+         "{\"backend\": \"%s\", \"deterministic\": %s, \"dtype\": \"%s\", \"B\": %lld, "
+         "\"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, \"Hkv\": %lld, \"d\": %lld, \"causal\": %d, "
+         "\"window\": %lld, \"softcap\": %g, \"kept_pairs\": %.0f",
+         gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
+         gqattn::dtype_name(s.dtype), (long long)p.B, (long long)p.Tq, (long long)p.Tk,
+         (long long)p.H, (long long)p.Hkv, (long long)p.d, int(p.causal), (long long)p.window,
+         double(p.softcap), pairs);
 
   const std::size_t elem = gqattn::dtype_size(s.dtype);
   const std::size_t q_elems = std::size_t(p.B * p.Tq * p.H * p.d);
@@ -210,6 +216,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
   gqattn::Options options;
   options.backend = s.backend;
   options.stream = stream;
+  options.deterministic = s.deterministic;
   auto forward = [&](const Set& x) {
     gqattn::forward(p, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data), ref_q(x.o.data),
                     ref_lse(x.lse.data), options);
@@ -305,11 +312,13 @@ int main(int argc, char** argv) {
       settings.repeats = std::max(1, std::atoi(value().c_str()));
     } else if (arg == "--no-backward") {
       settings.backward = false;
+    } else if (arg == "--nondeterministic") {
+      settings.deterministic = false;
     } else {
       std::fprintf(stderr,
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
                    "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
-                   "[--no-backward]\n");
+                   "[--no-backward] [--nondeterministic]\n");
       return 2;
     }
   }

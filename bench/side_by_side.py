@@ -17,6 +17,13 @@ fast-but-wrong result is not reported.
 
 usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]
                                     [--shapes all|core] [--ours-only]
+                                    [--ours BACKEND[:nondet],...]
+
+--ours lists the gqattn backends to time (default cuda-flash); an entry
+BACKEND:nondet runs gqattn_bench --nondeterministic (Options::deterministic
+= false: cuda-flash's backward adds dQ with atomics) and is labelled
+gqattn:BACKEND:nondet. The ours/best ratios use the deterministic entries
+(gqattn's default) when there are any.
 """
 import argparse
 import glob
@@ -72,11 +79,24 @@ def find_bench(path):
     return hits[-1] if hits else None
 
 
-def run_ours(bench, cfg, repeats, backend):
+NONDET = "nondet"  # the --ours suffix for Options::deterministic = false
+
+
+def parse_ours(entry):
+    """'cuda-flash' -> ('cuda-flash', True); 'cuda-flash:nondet' -> ('cuda-flash', False)."""
+    backend, _, flag = entry.strip().partition(":")
+    if flag not in ("", NONDET):
+        raise SystemExit(f"--ours entry {entry!r}: the only suffix is :{NONDET}")
+    return backend, flag == ""
+
+
+def run_ours(bench, cfg, repeats, backend, deterministic=True):
     B, T, H, Hkv, d, causal, window, softcap = cfg
     shape = f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},{window},{softcap}"
     cmd = [bench, "--shape", shape, "--repeats", str(repeats), "--warmup", str(WARMUP),
            "--backend", backend]
+    if not deterministic:
+        cmd.append("--nondeterministic")
     try:
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
@@ -226,19 +246,23 @@ def main():
     ap.add_argument("--shapes", choices=["all", "core"], default="all")
     ap.add_argument("--ours-only", action="store_true")
     ap.add_argument("--ours", default="cuda-flash",
-                    help="comma-separated gqattn backends to time, e.g. cuda-flash,cuda-hopper")
+                    help="comma-separated gqattn backends to time, e.g. cuda-flash,cuda-hopper; "
+                         f"BACKEND:{NONDET} times it with Options::deterministic = false")
     args = ap.parse_args()
     cfgs = STANDARD if args.shapes == "all" else STANDARD[:6]
 
+    ours_entries = [parse_ours(e) for e in args.ours.split(",") if e.strip()]
     results = []
     bench = find_bench(args.bench)
     if bench is None:
         print("gqattn_bench not found (build it, or pass --bench)", file=sys.stderr)
     else:
         for cfg in cfgs:
-            for backend in args.ours.split(","):
-                rec = run_ours(bench, cfg, args.repeats, backend)
-                rec["backend"] = "gqattn:" + rec.get("backend", backend)
+            for backend, deterministic in ours_entries:
+                rec = run_ours(bench, cfg, args.repeats, backend, deterministic)
+                rec["backend"] = ("gqattn:" + rec.get("backend", backend) +
+                                  ("" if deterministic else ":" + NONDET))
+                rec["deterministic"] = deterministic
                 rec["shape"] = shape_key(cfg)
                 results.append(rec)
                 print(f"  {rec['backend']:12s} {rec['shape']:40s} "
@@ -255,8 +279,13 @@ def main():
             names.append(r["backend"])
     ours = [n for n in names if n.startswith("gqattn:")]
     others = [n for n in names if not n.startswith("gqattn:")]
+    # The ratios compare gqattn's deterministic entries (its default) when
+    # there are any; :nondet columns are shown beside them.
+    ours_det = [n for n in ours if not n.endswith(":" + NONDET)] or ours
     cell = lambda r, k: f"{r[k]:6.0f}" if r and k in r else "     -"
-    header = f"{'shape':40s} " + " ".join(f"{n[:17]:>17s}" for n in names) + "   ours/best fwd  bwd"
+    width = max([17] + [len(n) for n in names])  # 17: "ffffff/bbbbbb    "
+    header = (f"{'shape':40s} " + " ".join(f"{n:>{width}s}" for n in names) +
+              "   ours/best fwd  bwd")
     print("\nTFLOP/s fwd/bwd")
     print(header)
     table = []
@@ -264,12 +293,13 @@ def main():
         key = shape_key(cfg)
         row = {n: next((r for r in results if r["shape"] == key and r["backend"] == n), None)
                for n in names}
-        line = f"{key:40s} " + " ".join(f"{cell(row[n], 'fwd_tflops')}/{cell(row[n], 'bwd_tflops')}    "
-                                        for n in names)
+        line = f"{key:40s} " + " ".join(
+            f"{cell(row[n], 'fwd_tflops')}/{cell(row[n], 'bwd_tflops')}    ".rjust(width)
+            for n in names)
         ratio = {}
         for k in ("fwd_tflops", "bwd_tflops"):
             best = max((row[n][k] for n in others if row[n] and k in row[n]), default=None)
-            mine = max((row[n][k] for n in ours if row[n] and k in row[n]), default=None)
+            mine = max((row[n][k] for n in ours_det if row[n] and k in row[n]), default=None)
             ratio[k] = mine / best if best and mine else None
         line += "   " + "  ".join(f"{ratio[k]:5.2f}" if ratio[k] else "    -" for k in ratio)
         print(line)

@@ -58,9 +58,12 @@ struct Problem {
 struct Options {
   Backend backend = Backend::Auto;
   void* stream = nullptr;  // cudaStream_t for CUDA backends; ignored on the CPU
-  // Same bits on every run. Every backend is deterministic today, so false
-  // changes nothing yet; it permits a faster non-deterministic path (atomic
-  // dQ accumulation) where one is added later.
+  // Same bits on every run (the default). false permits a faster
+  // non-deterministic path where a backend has one (e.g. cuda-flash's
+  // backward then adds the dQ partials with atomics in hardware order,
+  // docs/flash.md): results stay within the same tolerances but may differ
+  // in the last bits from run to run. Backends and passes without such a
+  // path ignore it and stay deterministic.
   bool deterministic = true;
 };
 

@@ -175,7 +175,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, window: int
         return_lse: also return ``lse`` ``[B, H, Tq]`` float32, the natural
             log-sum-exp of each row's kept scores (-inf for a row with no
             kept key, whose output is 0). It is not differentiable.
-        deterministic: same bits on every run (gqattn's default everywhere).
+        deterministic: same bits on every run (gqattn's default everywhere);
+            False permits faster non-deterministic paths (e.g. cuda-flash's
+            backward adds dQ with atomics; same tolerances, last bits may
+            vary between runs).
         backend: "auto", "cpu", "cuda-unfused", "cuda-flash" or
             "cuda-hopper"; an explicit backend that cannot run the problem
             raises gqattn.Error saying why.
@@ -251,7 +254,9 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
 
     Not supported (ValueError): dropout_p != 0 (gqattn has no attention
     dropout), alibi_slopes, return_attn_probs=True. deterministic defaults to
-    True here (gqattn is deterministic on every backend).
+    True here (gqattn's default); False permits non-deterministic paths (e.g.
+    cuda-flash's backward adds dQ with atomics, as FlashAttention does by
+    default).
     """
     if dropout_p != 0.0:
         raise ValueError(f"gqattn.flash_attn_func: dropout_p={dropout_p} is not supported: "

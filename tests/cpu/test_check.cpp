@@ -1,6 +1,7 @@
 // The checker (gqattn::check::run) on the CPU backend: the f32 mirror meets
 // the f32 tolerance, 16-bit I/O meets the bf16/f16 rule, padded strides and
-// determinism are exercised, and a refused backend is reported, not run.
+// determinism are exercised, a non-deterministic call is still checked
+// against the oracle, and a refused backend is reported, not run.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -58,6 +59,18 @@ TEST(Check, PaddedStridesAndRowsWithoutKeys) {
   c.padded_strides = true;
   const auto report = gqattn::check::run(c);
   EXPECT_TRUE(report.ran && report.pass) << describe(report);
+}
+
+// deterministic = false reaches the backend as Options::deterministic (the
+// CPU backend is deterministic either way): the outputs are still checked
+// against the oracle; only the bitwise rerun is skipped.
+TEST(Check, NondeterministicStillMeetsTheOracle) {
+  auto c = seed_like(DType::bf16);
+  c.deterministic = false;
+  const auto report = gqattn::check::run(c);
+  EXPECT_TRUE(report.ran && report.pass) << describe(report);
+  ASSERT_EQ(report.metrics.size(), 5u);
+  for (const auto& m : report.metrics) EXPECT_GT(m.error, 0.0) << m.name;
 }
 
 TEST(Check, RefusedBackendIsReportedNotRun) {

@@ -18,6 +18,7 @@
 #include "gpu_test_util.hpp"
 #include "gqattn/attention.hpp"
 #include "gqattn/dtype.hpp"
+#include "gqattn/error.hpp"
 
 namespace gqattn::test {
 
@@ -385,6 +386,45 @@ inline double max_abs(const std::vector<float>& x) {
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---- benchmarking switches ---------------------------------------------------
+
+// The Error of a backward on `backend` (bf16, packed layouts) with the
+// environment switch `var` = `value` and Options::deterministic =
+// `deterministic`, which must throw; dq, dk and dv (poisoned before) must
+// still be all poison afterwards.
+inline Error backward_switch_error(const Problem& p, Backend backend, const char* var,
+                                   const char* value, bool deterministic) {
+  const ScopedEnv env(var, value);
+  constexpr std::size_t kElem = 2;
+  const std::size_t q_bytes = std::size_t(p.B * p.Tq * p.H * p.d) * kElem;
+  const std::size_t kv_bytes = std::size_t(p.B * p.Tk * p.Hkv * p.d) * kElem;
+  DeviceBuffer q(q_bytes), k(kv_bytes), v(kv_bytes), o(q_bytes), dout(q_bytes), dq(q_bytes),
+      dk(kv_bytes), dv(kv_bytes), lse(std::size_t(p.B * p.H * p.Tq) * sizeof(float));
+  for (DeviceBuffer* b : {&q, &k, &v, &o, &dout, &dq, &dk, &dv, &lse}) b->poison();
+  auto ref = [&](const DeviceBuffer& b, int64_t T, int64_t heads) {
+    return contiguous(b.get(), DType::bf16, Device::cuda, p.B, T, heads, p.d);
+  };
+  const TensorRef lse_ref = contiguous(lse.get(), DType::f32, Device::cuda, p.B, p.H, p.Tq);
+  Options options;
+  options.backend = backend;
+  options.deterministic = deterministic;
+  Error error("", "");
+  bool thrown = false;
+  try {
+    gqattn::backward(p, ref(q, p.Tq, p.H), ref(k, p.Tk, p.Hkv), ref(v, p.Tk, p.Hkv),
+                     ref(o, p.Tq, p.H), lse_ref, ref(dout, p.Tq, p.H), ref(dq, p.Tq, p.H),
+                     ref(dk, p.Tk, p.Hkv), ref(dv, p.Tk, p.Hkv), options);
+  } catch (const Error& e) {
+    error = e;
+    thrown = true;
+  }
+  EXPECT_TRUE(thrown) << var << "=" << value << " deterministic=" << deterministic
+                      << " was accepted";
+  for (const DeviceBuffer* b : {&dq, &dk, &dv})
+    for (uint16_t bits : b->download<uint16_t>()) EXPECT_EQ(bits, 0xFFFFu) << "written";
+  return error;
 }
 
 }  // namespace gqattn::test

@@ -1,11 +1,15 @@
 // cuda-flash's refusals and their messages: unsupported head dims and dtypes
 // (host-only, no device needed), Auto preferring cuda-flash where it runs,
-// and misaligned tensors getting an Error that names the argument before
-// anything is written (needs a device; skips without one).
+// misaligned tensors getting an Error that names the argument before
+// anything is written, and the dQ strategy switch GQATTN_FLASH_DQ refusing
+// atomic dQ for a deterministic call and unknown values (needs a device;
+// skips without one).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
+#include "attention_harness.hpp"
 #include "gpu_test_util.hpp"
 #include "gqattn/attention.hpp"
 #include "gqattn/error.hpp"
@@ -126,6 +130,29 @@ TEST(FlashSupport, MisalignedStrideNamesTheArgument) {
     const std::string what = e.what();
     EXPECT_NE(what.find("k.stride[1]*2 bytes must be a multiple of 16"), std::string::npos) << what;
   }
+}
+
+gqattn::Error backward_error(const char* strategy, bool deterministic) {
+  return gqattn::test::backward_switch_error(small_problem(64), Backend::CudaFlash,
+                                             "GQATTN_FLASH_DQ", strategy, deterministic);
+}
+
+TEST(FlashSupport, AtomicDqNeedsNondeterministicCall) {
+  const gqattn::Explanation why =
+      gqattn::explain(small_problem(64), DType::bf16, Device::cuda, Backend::CudaFlash);
+  if (!why.supported) GTEST_SKIP() << why.reason;
+  const gqattn::Error e = backward_error("atomic", /*deterministic=*/true);
+  EXPECT_EQ(e.argument(), "GQATTN_FLASH_DQ = atomic") << e.what();
+  EXPECT_NE(e.rule().find("needs Options::deterministic = false"), std::string::npos) << e.what();
+}
+
+TEST(FlashSupport, UnknownDqStrategyNamesTheSwitch) {
+  const gqattn::Explanation why =
+      gqattn::explain(small_problem(64), DType::bf16, Device::cuda, Backend::CudaFlash);
+  if (!why.supported) GTEST_SKIP() << why.reason;
+  const gqattn::Error e = backward_error("atomc", /*deterministic=*/false);
+  EXPECT_EQ(e.argument(), "GQATTN_FLASH_DQ = 'atomc'") << e.what();
+  EXPECT_NE(e.rule().find("must be ordered, separate or atomic"), std::string::npos) << e.what();
 }
 
 #else

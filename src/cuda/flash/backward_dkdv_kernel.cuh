@@ -18,24 +18,52 @@
 // Q, dO (and lse2, D) are double-buffered: step t+1's loads are issued right
 // after the barrier that opens step t. dK gets the softmax scale at the end.
 //
-// kOrderedDq (DqStrategy::kOrdered): each step also computes its dQ partial
-// dS K (dS^T through shared memory, read back with ldmatrix.trans; warps
-// form a (kBlockM/16) x kDqWarpsD grid over it) and adds it into
-// p.dq_accum in ascending key-tile order, so every element's sum is formed
-// in the same order on every run (deterministic, no workspace quadratic in T):
-// - the key tiles that visit a query tile m form an interval of key-tile
-//   indices (query_blocks' bounds are nondecreasing in the key tile, and
-//   tiles that visit nothing come first), so key tile n is the first to add
-//   into m iff key tile n-1 does not visit m; the first stores, the others
-//   wait for counter(b, h, m) == n (key tile n-1 done) and add;
+// kFusedDq (DqStrategy::kOrdered and kAtomic, one kernel): each step also
+// computes its dQ partial dS K (dS^T through shared memory, read back with
+// ldmatrix.trans; warps form a (kBlockM/16) x kDqWarpsD grid over it) and
+// adds it into the f32 accumulator p.dq_accum. With p.dq_counters set
+// (ordered) the adds into each query tile happen in DESCENDING key-tile
+// order, so every element's sum is formed in the same order on every run
+// (deterministic, no workspace quadratic in T); with p.dq_counters null
+// (atomic) every partial is red.add-ed into the zeroed accumulator in
+// whatever order the hardware gives (not deterministic; only for
+// Options::deterministic == false). Ordered:
+// - the key tiles that visit a query tile m (query head h) form an interval
+//   [lo(m), hi(m)] of key-tile indices: query_blocks' bounds are
+//   nondecreasing in the key tile, and the tiles that visit nothing (keys
+//   left of every query's window) are a prefix; the interval is the same
+//   for every head of a GQA group (the mask does not depend on h), and a
+//   counter is per (b, h, m), so only the CTAs (n, hk = h / group, b) with
+//   n in [lo(m), hi(m)] touch it, one step each;
+// - key tile n is the first to add into m (n = hi(m)) iff key tile n+1 does
+//   not visit m (one query_blocks call for n+1; none when n is the last key
+//   tile); the first stores (no zeroing of the accumulator), each other key
+//   tile n waits for counter(b, h, m) == n + 2 (key tile n+1 done) and adds;
 // - key tile n sets counter = n + 1 (st.release, after every thread's
 //   __threadfence and a barrier) at the barrier after the next step's dS^T
-//   (by then its adds have completed) or at the end;
-// - a CTA only ever waits for a CTA of a lower key tile, i.e. a lower
-//   blockIdx (dispatched earlier, hence resident or done), and never before
-//   it has signalled its own previous step: no deadlock.
+//   (by then its adds have completed) or at the end; 0 means no key tile has
+//   reached m (the postprocess then writes 0);
+// - why descending: every CTA walks its query tiles ascending from its
+//   first one, and key tile n+1's first query tile is at or after key tile
+//   n's (causal or windowed: about kBN / kBM tiles after; unmasked: the
+//   same), so n+1 reaches m that many steps BEFORE n does (and, dispatched
+//   earlier, starts earlier). In ascending order each key tile waited for
+//   one that arrives later; in descending order it waits for one that
+//   arrived earlier (in steady state, no wait under a causal or windowed
+//   mask; unmasked, the key tiles reach m together either way);
+// - no deadlock: the ordered grid is dispatched highest key tile first
+//   (blockIdx 0 is the last key tile), so a CTA only ever waits for a CTA of
+//   a higher key tile, i.e. a lower blockIdx. With in-order CTA dispatch
+//   (as FlashAttention-3 and CUTLASS stream-K assume) the dispatched CTAs
+//   are a prefix of blockIdx, so the unfinished CTA of lowest blockIdx is
+//   resident (or next to start) and everything it waits for is finished:
+//   it finishes too. A CTA also signals its previous step before it can
+//   wait again, so a chain of waits never holds a finished step back.
+// Separate and atomic keep the ascending grid (causal: the first key tiles
+// have the most query tiles, so the longest CTAs start first).
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "cuda/flash/mask.cuh"
@@ -86,7 +114,7 @@ __device__ __forceinline__ void gemm_ss_nt(float (&c)[1][kNT][4], uint32_t a_til
   }
 }
 
-template <int kD, typename Elem, bool kSoftcap, bool kOrderedDq = false>
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq = false>
 __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* kWarpSize)
     backward_dkdv_kernel(const BackwardParams p) {
   using Tile = DkdvTile<kD>;
@@ -105,7 +133,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   using KVTile = SmemTile<kBN, kD>;
   using QTile = SmemTile<kBM, kD>;
   using PTile = SmemTile<kBN, kBM>;
-  // Ordered dQ partial dS K: warp (wm, wd) owns queries [16 wm, 16 wm + 16)
+  // Fused dQ partial dS K: warp (wm, wd) owns queries [16 wm, 16 wm + 16)
   // x columns [wd kDqCols, ...), in kDqPasses passes of kDqDT n8 tiles.
   constexpr int kWarps = Tile::kWarpsN * kWarpsD;
   constexpr int kDqWarpsM = kBM / kMmaM;
@@ -115,9 +143,9 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   constexpr int kDqPasses = kDqCols / kDqColsPerPass;
   constexpr int kDqDT = kDqColsPerPass / kMmaN;
   constexpr int kStepsN = kBN / kMmaK;
-  static_assert(!kOrderedDq || (kWarps % kDqWarpsM == 0 && kD % kDqWarpsD == 0 &&
-                                kDqCols % kDqColsPerPass == 0 && kDqDT % 2 == 0),
-                "ordered dQ warp grid");
+  static_assert(!kFusedDq || (kWarps % kDqWarpsM == 0 && kD % kDqWarpsD == 0 &&
+                              kDqCols % kDqColsPerPass == 0 && kDqDT % 2 == 0),
+                "fused dQ warp grid");
 
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* const smem_k = smem;
@@ -126,10 +154,10 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   const uint32_t s_v = smem_addr(smem_v);
   const uint32_t s_q0 = s_v + KVTile::kBytes;          // stage s: Q at s_q0 + s * kStageBytes
   constexpr uint32_t kStageBytes = 2 * QTile::kBytes;  // Q then dO
-  // P^T (kWarpsD > 1), then dS^T (kWarpsD > 1 or ordered dQ).
+  // P^T (kWarpsD > 1), then dS^T (kWarpsD > 1 or fused dQ).
   const uint32_t s_p = s_q0 + kQueryStages * kStageBytes;
   const uint32_t s_ds = s_p + (kWarpsD > 1 ? PTile::kBytes : 0);
-  constexpr uint32_t kPBytes = dkdv_p_tiles<kD, kOrderedDq>() * PTile::kBytes;
+  constexpr uint32_t kPBytes = dkdv_p_tiles<kD, kFusedDq>() * PTile::kBytes;
   float* const rows_f =
       reinterpret_cast<float*>(smem + 2 * KVTile::kBytes + kQueryStages * kStageBytes + kPBytes);
   // rows_f: stage s: lse2 at rows_f[2 s kBM], D at rows_f[(2 s + 1) kBM]
@@ -141,23 +169,34 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   const int query_w = (warp / Tile::kWarpsN) * kQueriesPerWarp;
   const int col_w = (warp / Tile::kWarpsN) * kColsPerWarp;
 
-  // Block -> (key tile, kv head, batch); under a causal mask the first key
-  // tiles are seen by the most queries, so they come first.
+  // Ordered dQ: counters set (else atomic dQ, or no dQ here at all).
+  const bool ordered = kFusedDq && p.dq_counters != nullptr;
+  const MaskPolicy mask(p.mask);
+
+  // Block -> (key tile, kv head, batch). Ascending key tiles (under a causal
+  // mask the first key tiles are seen by the most queries, so they start
+  // first), except with ordered dQ: descending, the add order (blockIdx 0 is
+  // the last key tile; see the deadlock argument above).
   const int num_bhk = p.B * p.Hkv;
-  const int n_block = int(blockIdx.x) / num_bhk;
+  const int tile_rank = int(blockIdx.x) / num_bhk;
+  const int n_block = ordered ? (mask.tk - 1) / kBN - tile_rank : tile_rank;
   const int b = (int(blockIdx.x) % num_bhk) / p.Hkv;
   const int hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
   const int group = p.H / p.Hkv;
 
-  const MaskPolicy mask(p.mask);
   const int n0 = n_block * kBN;
   const int cols = min(kBN, mask.tk - n0);
   const BlockRange range = mask.query_blocks(n0, cols, kBM);
   const int num_m = range.last - range.first + 1;
   const int steps = num_m > 0 ? group * num_m : 0;
-  // Ordered dQ: the query tiles key tile n-1 visits (its cols are kBN: it is
-  // not the last key tile), i.e. where this CTA is not the first to add.
-  const BlockRange prev = n_block > 0 ? mask.query_blocks(n0 - kBN, kBN, kBM) : BlockRange{};
+  // Fused dQ: the query tiles where this CTA adds (red.add) rather than
+  // stores. Ordered: those key tile n+1 visits (none when this is the last
+  // key tile), where it must also wait for n+1; atomic: all of them.
+  BlockRange adds{0, INT_MAX};
+  if (ordered) {
+    const int n1 = n0 + kBN;
+    adds = n1 < mask.tk ? mask.query_blocks(n1, min(kBN, mask.tk - n1), kBM) : BlockRange{};
+  }
   const int num_m_tiles = p.tq_padded / kBM;  // counters per (b, h)
   int* signal = nullptr;                      // counter of the last step's query tile
   const int dq_row = (warp % kDqWarpsM) * kMmaM;
@@ -258,7 +297,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
         a_ds[1] = pack2<Elem>(s0[2] * d0[2], s0[3] * d0[3]);
         a_ds[2] = pack2<Elem>(s1[0] * d1[0], s1[1] * d1[1]);
         a_ds[3] = pack2<Elem>(s1[2] * d1[2], s1[3] * d1[3]);
-        if constexpr (kOrderedDq) {  // dS^T (keys x queries) for the dQ partial
+        if constexpr (kFusedDq) {  // dS^T (keys x queries) for the dQ partial
           unsigned char* const ds = smem + (s_ds - s_k);
           const int key = key_w + frag_row(lane);
           const int query = query_w + kk * kMmaK + frag_col(lane);
@@ -280,9 +319,9 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
           mma_16816<Elem>(acc_dk[0][2 * dn + 1], a_ds, bf[2], bf[3]);
         }
       }
-      if constexpr (kOrderedDq) {
-        __threadfence();  // this thread's dQ adds of step t-1 precede the signal
-        __syncthreads();  // dS^T complete
+      if constexpr (kFusedDq) {
+        if (ordered) __threadfence();  // this thread's dQ adds of step t-1 precede the signal
+        __syncthreads();               // dS^T complete
         if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
       }
     } else {
@@ -298,9 +337,10 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
         store_acc_frag<PTile, Elem>(smem + (s_ds - s_k), ds, key_w, query_w + nt * kMmaN, 1.0f,
                                     lane);
       }
-      if constexpr (kOrderedDq) __threadfence();  // dQ adds of step t-1 precede the signal
+      if constexpr (kFusedDq)
+        if (ordered) __threadfence();  // dQ adds of step t-1 precede the signal
       __syncthreads();
-      if constexpr (kOrderedDq)
+      if constexpr (kFusedDq)
         if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk) {
@@ -320,14 +360,16 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
       }
     }
 
-    if constexpr (kOrderedDq) {
+    if constexpr (kFusedDq) {
       // dQ partial of query tile m, head h: dS (queries x keys, read
       // transposed from dS^T) times K; the shared dS^T is complete (barrier
       // above) and is not rewritten before the next step's opening barrier.
       const int h = hk * group + t / num_m;
       const int m_block = range.first + t % num_m;
-      int* const counter = p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + m_block;
-      const bool first = m_block < prev.first || m_block > prev.last;
+      // Ordered: counter(b, h, m); null when atomic (no waiting, no signal).
+      int* const counter =
+          ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + m_block : nullptr;
+      const bool first = m_block < adds.first || m_block > adds.last;  // stores
       float* const acc_row =
           p.dq_accum + ((int64_t(b) * p.H + h) * p.tq_padded + m0 + dq_row + frag_row(lane)) * kD +
           dq_col + frag_col(lane);
@@ -347,9 +389,9 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
             mma_16816<Elem>(acc_dq[2 * dn + 1], a, bf[2], bf[3]);
           }
         }
-        if (pass == 0 && !first) {  // wait for key tile n-1's adds into this tile
+        if (pass == 0 && !first && counter != nullptr) {  // wait for key tile n+1's adds
           if (lane == 0)
-            while (ld_acquire_gpu(counter) != n_block) __nanosleep(kDqSpinNs);
+            while (ld_acquire_gpu(counter) != n_block + 2) __nanosleep(kDqSpinNs);
           __syncwarp();
         }
 #pragma unroll
@@ -373,9 +415,10 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   tid = tid_;
   lane = tid_ % kWarpSize;
   cp_async_wait<0>();
-  if constexpr (kOrderedDq) __threadfence();  // the last step's dQ adds precede the signal
+  if constexpr (kFusedDq)
+    if (ordered) __threadfence();  // the last step's dQ adds precede the signal
   __syncthreads();
-  if constexpr (kOrderedDq)
+  if constexpr (kFusedDq)
     if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt) {

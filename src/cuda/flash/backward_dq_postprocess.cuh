@@ -1,10 +1,11 @@
-// cuda-flash: the ordered-dQ path's postprocess (DqStrategy::kOrdered). The
-// dK/dV kernel leaves dQ / scale in the f32 accumulator [B*H, tq_padded, d]
-// for every query tile some key tile visited (its counter is then nonzero);
-// this kernel writes dq = accumulator * scale as 16-bit values, and 0 for
-// the rows of query tiles no key tile visited (rows with no kept key, whose
-// accumulator rows were never written). Checked through the ordered-dQ
-// tests in tests/gpu/test_flash_correctness.cpp.
+// cuda-flash: the fused-dQ paths' postprocess (DqStrategy::kOrdered and
+// kAtomic). The dK/dV kernel leaves dQ / scale in the f32 accumulator
+// [B*H, tq_padded, d]; this kernel writes dq = accumulator * scale as 16-bit
+// values. Ordered: only query tiles some key tile visited were written
+// (their counter is then nonzero); the rows of the others (rows with no kept
+// key) get 0. Atomic (no counters): the accumulator was zeroed, so every row
+// is read. Checked through the ordered- and atomic-dQ tests in
+// tests/gpu/test_flash_correctness.cpp.
 //
 // One thread per 8 elements of a row (two 16-byte loads, one 16-byte store).
 #pragma once
@@ -32,7 +33,8 @@ __global__ void __launch_bounds__(kDqPostThreads)
   if (bh >= p.B * p.H || i >= p.mask.tq) return;
   const int b = bh / p.H;
   const int h = bh % p.H;
-  const bool visited = p.dq_counters[int64_t(bh) * (p.tq_padded / kBM) + i / kBM] != 0;
+  const bool visited =
+      p.dq_counters == nullptr || p.dq_counters[int64_t(bh) * (p.tq_padded / kBM) + i / kBM] != 0;
 
   float x[kElemsPerChunk] = {};
   if (visited) {

@@ -91,13 +91,28 @@ std::string why_not_resident(const TensorRef& t, const char* name) {
   return cuda::why_not_device_pointer(t.data, name);
 }
 
-// The dQ strategy of this call: GQATTN_FLASH_DQ=ordered or =separate when
-// set (lets tests and benchmarks compare both), else the compiled default.
-flash::DqStrategy dq_strategy() {
-  const char* env = std::getenv("GQATTN_FLASH_DQ");
-  if (env != nullptr && std::strcmp(env, "ordered") == 0) return flash::DqStrategy::kOrdered;
-  if (env != nullptr && std::strcmp(env, "separate") == 0) return flash::DqStrategy::kSeparate;
-  return flash::kDefaultDqStrategy;
+// The dQ strategy of this call. GQATTN_FLASH_DQ=ordered|separate|atomic
+// when set (lets tests and benchmarks compare them); else, with
+// Options::deterministic (the default) the compiled default, without it the
+// fastest, atomic. Atomic is never run for a call that asked for
+// deterministic results: GQATTN_FLASH_DQ=atomic then throws, as does an
+// unknown value (a typo must not silently measure something else).
+flash::DqStrategy dq_strategy(bool deterministic) {
+  constexpr const char* kVar = "GQATTN_FLASH_DQ";
+  const char* env = std::getenv(kVar);
+  if (env == nullptr || *env == '\0')
+    return deterministic ? flash::kDefaultDqStrategy : flash::DqStrategy::kAtomic;
+  if (std::strcmp(env, "ordered") == 0) return flash::DqStrategy::kOrdered;
+  if (std::strcmp(env, "separate") == 0) return flash::DqStrategy::kSeparate;
+  if (std::strcmp(env, "atomic") == 0) {
+    if (deterministic)
+      throw Error(std::string(kVar) + " = atomic",
+                  "cuda-flash's atomic dQ is not deterministic: it needs "
+                  "Options::deterministic = false, and this call has deterministic = true");
+    return flash::DqStrategy::kAtomic;
+  }
+  throw Error(std::string(kVar) + " = '" + env + "'",
+              "must be ordered, separate or atomic (or unset)");
 }
 
 ElemType elem_type(DType dtype) { return dtype == DType::bf16 ? ElemType::bf16 : ElemType::f16; }
@@ -166,24 +181,26 @@ class CudaFlashBackend final : public BackendImpl {
     flash::BackwardParams p = flash::backward_params(a);
     const int64_t padded = p.tq_padded;
 
+    // Before anything is allocated or written: may throw (see dq_strategy).
+    const flash::DqStrategy strategy = dq_strategy(a.options.deterministic);
+    const bool ordered = strategy == flash::DqStrategy::kOrdered;
+    const bool fused = ordered || strategy == flash::DqStrategy::kAtomic;
+
     // Workspace: lse2 and D, [B*H, tq_padded] f32 each, on the caller's
-    // stream; for ordered dQ also the f32 dQ accumulator [B*H, tq_padded, d]
-    // and the dQ counters (one int per row: at least one per (b, h, query
-    // tile)) - linear in Tq.
+    // stream; for fused (ordered or atomic) dQ also the f32 dQ accumulator
+    // [B*H, tq_padded, d], and for ordered the dQ counters (one int per row:
+    // at least one per (b, h, query tile)) - linear in Tq.
     const auto stream = static_cast<cudaStream_t>(a.options.stream);
     const std::size_t rows = std::size_t(a.problem.B * a.problem.H * padded);
-    const bool ordered = dq_strategy() == flash::DqStrategy::kOrdered;
-    const std::size_t accum = ordered ? rows * std::size_t(a.problem.d) : 0;
+    const std::size_t accum = fused ? rows * std::size_t(a.problem.d) : 0;
     const std::size_t counters = ordered ? rows : 0;
     void* workspace = nullptr;
     GQATTN_CUDA_CHECK(cudaMallocAsync(
         &workspace, (2 * rows + accum) * sizeof(float) + counters * sizeof(int), stream));
     p.lse2 = static_cast<float*>(workspace);
     p.dsum = p.lse2 + rows;
-    if (ordered) {
-      p.dq_accum = p.dsum + rows;
-      p.dq_counters = reinterpret_cast<int*>(p.dq_accum + accum);
-    }
+    if (fused) p.dq_accum = p.dsum + rows;
+    if (ordered) p.dq_counters = reinterpret_cast<int*>(p.dq_accum + accum);
     const ElemType elem = elem_type(a.q.dtype);
     try {
       switch (a.problem.d) {

@@ -1,11 +1,14 @@
 // cuda-flash: the backward launcher template: the preprocessing kernel
 // (lse2, D), then the dK/dV kernel (one CTA per key tile, kv head, batch),
 // then the dQ kernel (one CTA per query tile, head, batch), all on the
-// caller's stream, 1-D grids. With p.dq_accum set (ordered dQ): the dQ
-// counters are zeroed, the dK/dV kernel also adds dQ in key-tile order (its
-// blockIdx must grow with the key tile: see backward_dkdv_kernel.cuh), and
-// the postprocess kernel writes dq instead of the dQ kernel. Instantiated per head dimension by
-// launch_backward_d*.cu. Checked through tests/gpu/test_flash_*.cpp.
+// caller's stream, 1-D grids. With p.dq_accum set (fused dQ) the dK/dV
+// kernel also adds dQ into it and the postprocess kernel writes dq instead
+// of the dQ kernel: ordered (p.dq_counters set) zeroes the counters and the
+// kernel adds in descending key-tile order (its grid then runs highest key
+// tile first: see backward_dkdv_kernel.cuh); atomic (p.dq_counters null,
+// not deterministic) zeroes the accumulator instead. Instantiated per head
+// dimension by launch_backward_d*.cu. Checked through
+// tests/gpu/test_flash_*.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,15 +33,21 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
   constexpr int kDkdvThreads = DkdvT::kWarpsN * DkdvT::kWarpsD * kWarpSize;
   const int dkdv_grid = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk));
   if (p.dq_accum != nullptr) {
-    const std::size_t counters =
-        std::size_t(p.B) * p.H * std::size_t(p.tq_padded / DkdvT::kBlockM) * sizeof(int);
-    GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_counters, 0, counters, stream));
+    const std::size_t rows = std::size_t(p.B) * p.H * std::size_t(p.tq_padded);
+    if (p.dq_counters != nullptr) {  // ordered: the first key tile stores
+      const std::size_t counters = rows / DkdvT::kBlockM * sizeof(int);
+      GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_counters, 0, counters, stream));
+    } else {  // atomic: every key tile adds
+      const std::size_t accum = rows * kD * sizeof(float);
+      GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, accum, stream));
+    }
     constexpr int kSmem = int(dkdv_smem_bytes<kD, true>());
     auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, true>;
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
-    cuda::check_launch("cuda-flash backward_dkdv_kernel (ordered dQ)");
+    cuda::check_launch(p.dq_counters != nullptr ? "cuda-flash backward_dkdv_kernel (ordered dQ)"
+                                                : "cuda-flash backward_dkdv_kernel (atomic dQ)");
     const int blocks = int(dq_postprocess_blocks(kD, p.B, p.H, p.tq_padded));
     backward_dq_postprocess_kernel<kD, Elem><<<blocks, kDqPostThreads, 0, stream>>>(p);
     cuda::check_launch("cuda-flash backward_dq_postprocess_kernel");

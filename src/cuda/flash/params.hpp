@@ -72,11 +72,15 @@ struct BackwardParams {
   float* lse2 = nullptr;
   float* dsum = nullptr;
   int tq_padded = 0;
-  // Ordered dQ (DqStrategy::kOrdered in tile_sizes.hpp) when dq_accum is
-  // non-null: dq_accum [B*H, tq_padded, d] f32 (never zeroed: the first key
-  // tile to reach a query tile stores, later ones add) and dq_counters
-  // [B*H, tq_padded / DkdvTile::kBlockM] int, zero before the dK/dV kernel
-  // (0: no key tile has reached the query tile; n + 1: key tile n is done).
+  // Fused dQ (DqStrategy::kOrdered or kAtomic in tile_sizes.hpp) when
+  // dq_accum is non-null: dq_accum [B*H, tq_padded, d] f32. Ordered when
+  // dq_counters is non-null too: dq_counters [B*H, tq_padded /
+  // DkdvTile::kBlockM] int, zero before the dK/dV kernel (0: no key tile has
+  // reached the query tile; n + 1: key tile n has added, the last so far:
+  // the adds go in descending key-tile order), and dq_accum is never zeroed
+  // (the first key tile to reach a query tile, the highest, stores; later
+  // ones add). Atomic (not deterministic) when dq_counters is null: dq_accum
+  // is zeroed and every key tile adds.
   float* dq_accum = nullptr;
   int* dq_counters = nullptr;
 };

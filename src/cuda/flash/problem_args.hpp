@@ -85,7 +85,7 @@ inline int64_t tq_padded(int64_t tq) {
 }
 
 // Everything of BackwardParams but the workspaces (lse2, dsum, and the
-// ordered-dQ buffers), which the caller allocates on its stream.
+// fused-dQ buffers), which the caller allocates on its stream.
 inline BackwardParams backward_params(const detail::BackwardArgs& a) {
   BackwardParams p;
   p.q = a.q.data;

@@ -17,16 +17,19 @@
 //   stay in registers as the A operand of dV += P^T dO and dK += dS^T Q;
 //   with kWarpsD == 2 (d = 256, where 16 x 256 x 2 accumulators would not fit)
 //   they go through shared memory.
-// - dQ, two strategies (DqStrategy; both deterministic, chosen per call by
-//   the backend, see flash_backend.cpp):
+// - dQ, three strategies (DqStrategy, chosen per call by the backend, see
+//   flash_backend.cpp; the first two deterministic):
 //   separate: a dQ kernel: a CTA owns kBlockM query rows, 16 per warp; key
 //     tiles of kBlockN double-buffered; recomputes S and dP (7 GEMMs per
 //     tile pair in all).
 //   ordered: the dK/dV kernel also computes each step's dQ partial
 //     dS (kBlockM x kBlockN) K (through a dS^T tile in shared memory) and
-//     adds it into an f32 accumulator [B*H, tq_padded, d] in ascending
+//     adds it into an f32 accumulator [B*H, tq_padded, d] in descending
 //     key-tile order, enforced by one counter per (b, h, query tile)
 //     (5 GEMMs); a postprocess kernel scales and converts it.
+//   atomic: the same kernels without counters: every partial is red.add-ed
+//     into the zeroed accumulator in hardware order. Not deterministic:
+//     only for Options::deterministic == false.
 #pragma once
 
 #include <algorithm>
@@ -91,15 +94,22 @@ struct DqTile<256> {
   static constexpr int kBlockM = 64, kBlockN = 32, kWarps = 4;
 };
 
-// The dQ strategy the backend uses when the environment does not choose
-// (GQATTN_FLASH_DQ=ordered|separate, read by flash_backend.cpp). Flip to
-// kOrdered once the ordered path has been validated and measured on the GPU.
-enum class DqStrategy { kSeparate, kOrdered };
+// The dQ strategies. kOrdered and kAtomic share one dK/dV kernel
+// (backward_dkdv_kernel<..., kFusedDq = true>): kAtomic is kOrdered with a
+// null counter pointer (a runtime test, no extra instantiation).
+enum class DqStrategy { kSeparate, kOrdered, kAtomic };
+// The deterministic strategy the backend uses when the environment does not
+// choose (GQATTN_FLASH_DQ=ordered|separate|atomic, read by
+// flash_backend.cpp). Flip to kOrdered if the descending-order path measures
+// faster on the GPU. Never kAtomic: with Options::deterministic == false the
+// backend picks kAtomic itself.
 constexpr DqStrategy kDefaultDqStrategy = DqStrategy::kSeparate;
+static_assert(kDefaultDqStrategy != DqStrategy::kAtomic, "the default must be deterministic");
 
-// Ordered dQ: warps of the dK/dV kernel form a (kBlockM / 16) x rest grid
-// over the dQ partial; each warp adds at most kDqPassCols columns per pass
-// (bounds its f32 accumulator registers: 16 x 64 -> 32 per thread).
+// Fused (ordered or atomic) dQ: warps of the dK/dV kernel form a
+// (kBlockM / 16) x rest grid over the dQ partial; each warp adds at most
+// kDqPassCols columns per pass (bounds its f32 accumulator registers:
+// 16 x 64 -> 32 per thread).
 constexpr int kDqPassCols = 32;
 // Postprocess (dq = accumulator * scale -> 16-bit): threads per block, 8
 // elements (one 16-byte store) per thread.
@@ -116,18 +126,19 @@ constexpr std::size_t forward_smem_bytes() {
   return std::size_t(T::kBlockM + 2 * T::kBlockN) * kD * kElemBytes;
 }
 // Tiles of kBlockN x kBlockM 16-bit values the dK/dV kernel keeps in shared
-// memory: P^T and dS^T when kWarpsD > 1; else dS^T alone for ordered dQ.
-template <int kD, bool kOrderedDq>
+// memory: P^T and dS^T when kWarpsD > 1; else dS^T alone for fused
+// (ordered or atomic) dQ.
+template <int kD, bool kFusedDq>
 constexpr int dkdv_p_tiles() {
-  return DkdvTile<kD>::kWarpsD > 1 ? 2 : (kOrderedDq ? 1 : 0);
+  return DkdvTile<kD>::kWarpsD > 1 ? 2 : (kFusedDq ? 1 : 0);
 }
-template <int kD, bool kOrderedDq = false>
+template <int kD, bool kFusedDq = false>
 constexpr std::size_t dkdv_smem_bytes() {
   using T = DkdvTile<kD>;
   const std::size_t kv = std::size_t(2) * T::kBlockN * kD * kElemBytes;
   const std::size_t q_do = std::size_t(kQueryStages) * 2 * T::kBlockM * kD * kElemBytes;
   const std::size_t p_ds =
-      std::size_t(dkdv_p_tiles<kD, kOrderedDq>()) * T::kBlockN * T::kBlockM * kElemBytes;
+      std::size_t(dkdv_p_tiles<kD, kFusedDq>()) * T::kBlockN * T::kBlockM * kElemBytes;
   const std::size_t rows = std::size_t(kQueryStages) * 2 * T::kBlockM * sizeof(float);
   return kv + q_do + p_ds + rows;
 }
