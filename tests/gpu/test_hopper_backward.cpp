@@ -6,7 +6,9 @@
 // with large logits, rows with no kept key, key tiles no query sees, bf16
 // and f16, padded strides, causal and not, d 64, 128 and 256 (d split over
 // the consumer warpgroups), and sequences long enough to wrap the Q/dO and
-// K/V rings several times. Also: d = 256 is no longer refused. Every case
+// K/V rings several times; for d <= 128 (fused dQ) also with
+// Options::deterministic = false (unordered adds). Also: d = 256 is no
+// longer refused. Every case
 // skips, saying why, where cuda-hopper's backward
 // cannot run (no device, not sm_90, no sm_90a code in the build).
 #include <gtest/gtest.h>
@@ -16,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "attention_harness.hpp"
+#include "gpu_test_util.hpp"
 #include "gqattn/attention.hpp"
 #include "gqattn/check.hpp"
 #include "gqattn/dtype.hpp"
@@ -142,6 +146,67 @@ TEST_P(HopperBackwardVsOracle, Backward) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsOracle, ::testing::ValuesIn(cases()), case_name);
 
+// d <= 128 has two dQ paths (backward_dq_choice.hpp); the cases above take
+// the one the rule picks (mostly separate at these sizes), these force each.
+std::vector<BackwardCase> fused_dq_cases() {
+  std::vector<BackwardCase> out;
+  for (const BackwardCase& c : cases())
+    if (c.problem.d <= 128) out.push_back(c);
+  return out;
+}
+
+gqattn::check::Report run_forced(const BackwardCase& c, const char* dq_path, bool deterministic) {
+  const gqattn::test::ScopedEnv path("GQATTN_HOPPER_DQ", dq_path);
+  gqattn::check::Config config;
+  config.problem = c.problem;
+  config.dtype = c.dtype;
+  config.backend = Backend::CudaHopper;
+  config.seed = kSeed + 1;
+  config.backward = true;
+  config.deterministic = deterministic;
+  config.padded_strides = c.padded;
+  return gqattn::check::run(config);
+}
+
+class HopperBackwardDqPaths : public ::testing::TestWithParam<BackwardCase> {};
+
+// Fused dQ with its semaphore-ordered adds: oracle and bitwise rerun.
+TEST_P(HopperBackwardDqPaths, FusedOrdered) {
+  const BackwardCase& c = GetParam();
+  const std::string why = why_not_backward(c.problem, c.dtype);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const gqattn::check::Report report = run_forced(c, "fused", true);
+  EXPECT_TRUE(report.ran) << report.skipped;
+  EXPECT_TRUE(report.backward_skipped.empty()) << report.backward_skipped;
+  EXPECT_TRUE(report.pass) << describe(report);
+}
+
+// The separate dQ kernel: oracle and bitwise rerun.
+TEST_P(HopperBackwardDqPaths, Separate) {
+  const BackwardCase& c = GetParam();
+  const std::string why = why_not_backward(c.problem, c.dtype);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const gqattn::check::Report report = run_forced(c, "separate", true);
+  EXPECT_TRUE(report.ran) << report.skipped;
+  EXPECT_TRUE(report.pass) << describe(report);
+}
+
+// Options::deterministic = false: the fused dQ adds its partials in
+// whatever order they arrive (no semaphores). Same oracle and tolerances;
+// the bitwise rerun does not apply.
+TEST_P(HopperBackwardDqPaths, FusedUnordered) {
+  const BackwardCase& c = GetParam();
+  const std::string why = why_not_backward(c.problem, c.dtype);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const gqattn::check::Report report = run_forced(c, "fused", false);
+  EXPECT_TRUE(report.ran) << report.skipped;
+  EXPECT_TRUE(report.backward_skipped.empty()) << report.backward_skipped;
+  EXPECT_TRUE(report.pass) << describe(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardDqPaths, ::testing::ValuesIn(fused_dq_cases()),
+                         case_name);
+
 Problem d256_problem() {
   Problem p;
   p.B = 1;
@@ -160,5 +225,21 @@ TEST(HopperBackwardSupport, D256Supported) {
   if (!forward.empty()) GTEST_SKIP() << forward;
   EXPECT_EQ(why_not_backward(p, DType::bf16), "");
 }
+
+#ifdef GQATTN_WITH_CUDA
+// The dQ path switch names itself when misused; nothing is written.
+TEST(HopperBackwardSupport, DqPathSwitchErrors) {
+  const Problem p = d256_problem();
+  const std::string why = why_not_backward(p, DType::bf16);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const gqattn::Error fused = gqattn::test::backward_switch_error(
+      p, Backend::CudaHopper, "GQATTN_HOPPER_DQ", "fused", /*deterministic=*/true);
+  EXPECT_EQ(fused.argument(), "GQATTN_HOPPER_DQ = fused") << fused.what();
+  EXPECT_NE(fused.rule().find("needs d <= 128"), std::string::npos) << fused.what();
+  const gqattn::Error unknown = gqattn::test::backward_switch_error(
+      p, Backend::CudaHopper, "GQATTN_HOPPER_DQ", "fuse", /*deterministic=*/true);
+  EXPECT_EQ(unknown.argument(), "GQATTN_HOPPER_DQ = 'fuse'") << unknown.what();
+}
+#endif
 
 }  // namespace

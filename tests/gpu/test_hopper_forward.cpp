@@ -5,6 +5,9 @@
 // both ways, d 64/128/256, Hkv = 1, Hkv = H, windows 1, 64 and >= T,
 // softcap with large logits, rows with no kept key, bf16 and f16, padded
 // strides, and sequences long enough to wrap the TMA ring several times.
+// Non-causal d128 without a window runs on the wide 128 x 176 key tile
+// (tile_sizes.hpp kWideNonCausalD128): its cases have Tk not a multiple of
+// 176 (partially masked last key tile), Tk < 176, Tk a multiple of 176.
 // Also: a stride TMA cannot use is refused naming the tensor (the
 // backward, d 64/128/256, is tests/gpu/test_hopper_backward.cpp). Every
 // case skips, saying why, where cuda-hopper cannot run (no device, not
@@ -64,6 +67,23 @@ std::vector<HopperCase> cases() {
       large_logits(
           make("T120_causal_softcap30_d128_f16", 1, 120, 120, 2, 1, 128, true, 0, 30.0f, f16)),
       make("B5_H6_T65_causal_d128", 5, 65, 65, 6, 3, 128, true),
+      // d = 128, neither causal nor window: the wide 128 x 176 key tile
+      // (so are T1_d128, T128_d128, T200_d128_mha, T1100_d128_mqa and the
+      // non-causal Tq != Tk cases above). Key tiles of 176: Tk 200 = 176 +
+      // 24, 37 < 176, 353 = 2 x 176 + 1, 1000 = 5 x 176 + 120, 352 = 2 x 176.
+      make("Tq37_Tk200_d128_wide", 1, 37, 200, 2, 1, 128, false),
+      make("Tq200_Tk37_d128_wide_gqa4", 1, 200, 37, 8, 2, 128, false),
+      make("T353_d128_wide_gqa2", 1, 353, 353, 4, 2, 128, false),
+      make("Tq130_Tk1000_d128_wide_mqa", 2, 130, 1000, 4, 1, 128, false),
+      make("T352_d128_wide_gqa2", 1, 352, 352, 4, 2, 128, false),
+      make("T1000_d128_wide_f16", 1, 1000, 1000, 2, 1, 128, false, 0, 0.0f, f16),
+      make("Tq100_Tk353_d128_wide_padded", 2, 100, 353, 4, 2, 128, false, 0, 0.0f, bf16, true),
+      make("Tq200_Tk1000_d128_wide_f16_padded", 1, 200, 1000, 2, 2, 128, false, 0, 0.0f, f16, true),
+      large_logits(make("T353_softcap30_d128_wide_gqa2", 1, 353, 353, 4, 2, 128, false, 0, 30.0f)),
+      large_logits(make("Tq300_Tk200_softcap30_d128_wide_f16", 1, 300, 200, 2, 1, 128, false, 0,
+                        30.0f, f16)),
+      // A window >= Tk is no window (mask_args): the wide tile too.
+      make("T300_window_ge_T_d128_wide", 1, 300, 300, 2, 1, 128, false, 300),
       // d = 64.
       make("T1_d64", 1, 1, 1, 2, 1, 64, false),
       make("T37_causal_d64_gqa2", 1, 37, 37, 4, 2, 64, true),
@@ -93,6 +113,10 @@ std::vector<HopperCase> cases() {
       large_logits(make("B2_H24_Tq300_Tk200_causal_softcap30_d128_many_tiles_f16", 2, 300, 200, 24,
                         8, 128, true, 0, 30.0f, f16)),
       make("B2_H24_Tq300_Tk500_d256_many_tiles", 2, 300, 500, 24, 4, 256, false),
+      large_logits(make("B2_H24_Tq300_Tk400_softcap30_d128_wide_many_tiles", 2, 300, 400, 24, 8,
+                        128, false, 0, 30.0f)),
+      make("B3_H16_Tq260_Tk530_d128_wide_many_tiles_f16", 3, 260, 530, 16, 4, 128, false, 0, 0.0f,
+           f16),
   };
 }
 
@@ -137,6 +161,9 @@ Problem small_problem(int64_t d) {
 }
 
 TEST(HopperSupport, RefusesOtherHeadDimsAndF32) {
+  // A build without the backend refuses everything for that reason alone.
+  const std::string absent = why_not_hopper(small_problem(64), DType::bf16);
+  if (absent.find("not compiled in") != std::string::npos) GTEST_SKIP() << absent;
   const std::string d80 = why_not_hopper(small_problem(80), DType::bf16);
   EXPECT_NE(d80.find("d=80"), std::string::npos) << d80;
   const std::string f32 = why_not_hopper(small_problem(64), DType::f32);

@@ -1,13 +1,16 @@
 // cuda-hopper: the backward's dK/dV kernel (sm_90a, wgmma, TMA, warp
-// specialisation). One CTA of 384 threads per (key tile of 128, kv head,
-// batch) walks the query tiles of every query head of the GQA group that the
-// mask policy says see the key tile, so dK and dV are accumulated in
-// registers once per kv head (never expanded to H heads in memory) and
-// written once, in a fixed order: deterministic, no atomics. Checked against
-// the f64 oracle by tests/gpu/test_hopper_backward.cpp.
+// specialisation), which for d <= 128 also forms dQ (the fused dQ). One CTA
+// of 384 threads per (key tile of 128, kv head, batch) walks the query tiles
+// of every query head of the GQA group that the mask policy says see the
+// key tile, so dK and dV are accumulated in registers once per kv head
+// (never expanded to H heads in memory) and written once, in a fixed order.
+// Checked against the f64 oracle by tests/gpu/test_hopper_backward.cpp.
 //
 //   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads K, V once, then
 //     per step Q, dO (TMA) and lse2, D (bulk copy) into a kStages-slot ring;
+//     with the fused dQ, thread 32 reduce-adds each step's staged dQ
+//     partial into the f32 accumulator (dkdv_write_dq: ordered by
+//     semaphores unless the caller allows non-determinism);
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each (d 256: the
 //     same 64 keys, half of d each), per step
 //     S^T = K Q^T, dP^T = V dO^T        (wgmma SS, N = 64 queries)
@@ -15,6 +18,9 @@
 //     dS^T = P^T o (dP^T - D) [o (1 - v^2) under softcap, v before masking]
 //     dV += P^T dO, dK += dS^T Q         (wgmma RS: P^T, dS^T straight from
 //                                         the accumulators; dO, Q MN-major)
+//     fused dQ: dS^T to shared memory; once both warpgroups have written
+//     theirs (named barrier), dQ_part = dS K (wgmma SS, both operands
+//     MN-major), half of d per warpgroup, staged in shared memory;
 //   then dK *= scale and plain stores of the rows < Tk.
 //
 // Barriers (DkdvSmem): kv_full (count 1, phase 0 only); per slot s full[s]
@@ -22,11 +28,16 @@
 // empty[s] (count 8: lane 0 of every consumer warp after the step's last
 // wgmma has completed). Step t uses slot t % S with parity (t / S) & 1 (S = kStages); the
 // producer waits empty with the opposite parity (its first pass through the
-// ring does not block). Producer and consumers derive the same step count
-// from the same MaskPolicy; with no step, nothing is loaded or waited for
-// and zeros are stored. Shared memory is written only by TMA/bulk copies
-// (async proxy) and read by wgmma (async proxy) or, for lse2 / D, by
-// ordinary loads after the full barrier's wait (which orders them).
+// ring does not block). Fused dQ: dq_full (count 8, consumer warps, parity
+// t & 1 for the writer) and dq_empty (count 1, the writer; the consumers
+// wait parity (t & 1) ^ 1 before staging step t). Producer, writer and
+// consumers derive the same steps from the same MaskPolicy; with no step,
+// nothing is loaded or waited for and zeros are stored. Shared memory is
+// written by TMA/bulk copies (async proxy) and read by wgmma (async proxy)
+// or, for lse2 / D, by ordinary loads after the full barrier's wait; the
+// dS and dQ staging buffers are written by ordinary stores and then read by
+// the async proxy, so each writer fences (fence.proxy.async) before the
+// barrier that hands them over.
 #pragma once
 
 #include <cmath>
@@ -35,8 +46,10 @@
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_common.cuh"
+#include "cuda/hopper/backward_dq_fused.cuh"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/ptx/bulk_copy.cuh"
+#include "cuda/hopper/ptx/bulk_reduce.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
@@ -47,27 +60,37 @@ namespace gqattn::hopper::bwd {
 
 // The work of one dK/dV CTA, computed identically by producer and consumers.
 struct DkdvWork {
-  int n0;     // first key of the tile
-  int b, hk;  // batch, kv head
-  int group;  // query heads per kv head
-  int first;  // first query tile visited
-  int num_m;  // query tiles visited per head
-  int steps;  // group * num_m, or 0
-  // Step t: query head hk * group + t / num_m, query tile first + t % num_m.
-  __device__ int head(int t) const { return hk * group + t / num_m; }
-  __device__ int m0(int t, int block_m) const { return (first + t % num_m) * block_m; }
+  int n_block;  // key tile index
+  int n0;       // first key of the tile
+  int b, hk;    // batch, kv head
+  int group;    // query heads per kv head
+  int first;    // first query tile visited
+  int num_m;    // query tiles visited per head
+  int steps;    // group * num_m, or 0
+  // Step t: query tile first + num_m - 1 - t / group (the last first), query
+  // head hk * group + t % group. Every key tile that visits a query tile
+  // from its last visited query tile on (no mask, causal: all of them)
+  // reaches (query tile, head) at the same step; under a window a higher
+  // key tile reaches it later. The fused dQ's add order relies on this.
+  __device__ int head(int t) const { return hk * group + t % group; }
+  __device__ int m0(int t, int block_m) const { return (first + num_m - 1 - t / group) * block_m; }
 };
 
+// Grid order: key-tile major, the first key tiles (most queries under a
+// causal mask) first. The fused dQ's ordered adds make a key tile wait only
+// for lower key tiles of its own (b, kv head), which have lower block
+// indices, so they were dispatched before it (in-order dispatch, as FA3's
+// deterministic mode and CUTLASS's stream-K assume): no wait can deadlock.
 template <int kBlockN, int kBlockM>
 __device__ __forceinline__ DkdvWork dkdv_work(const flash::BackwardParams& p,
                                               const flash::MaskPolicy& mask) {
   DkdvWork w;
   const int num_bhk = p.B * p.Hkv;
-  const int n_block = int(blockIdx.x) / num_bhk;  // the first key tiles (most queries) first
+  w.n_block = int(blockIdx.x) / num_bhk;
   w.b = (int(blockIdx.x) % num_bhk) / p.Hkv;
   w.hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
   w.group = p.H / p.Hkv;
-  w.n0 = n_block * kBlockN;
+  w.n0 = w.n_block * kBlockN;
   const flash::BlockRange range = mask.query_blocks(w.n0, min(kBlockN, mask.tk - w.n0), kBlockM);
   w.first = range.first;
   w.num_m = range.last - range.first + 1;
@@ -76,11 +99,11 @@ __device__ __forceinline__ DkdvWork dkdv_work(const flash::BackwardParams& p,
 }
 
 // Run by exactly one thread of the CTA.
-template <int kD>
+template <int kD, bool kFusedDq>
 __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const DkdvWork& w,
                                              uint32_t smem) {
   using Tile = DkdvTile<kD>;
-  using L = DkdvSmem<kD>;
+  using L = DkdvSmem<kD, kFusedDq>;
   constexpr int kBM = Tile::kBlockM;
   if (w.steps == 0) return;
   ptx::tma_prefetch(&p.q_map);
@@ -112,16 +135,61 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
   }
 }
 
+// Fused dQ: run by one thread (warp 1 of the producer warpgroup). Per step,
+// once both consumer warpgroups have staged their partial (dq_full), it
+// reduce-adds the staged block into the accumulator and frees the staging
+// (dq_empty). Ordered (p.dq_semaphores set): the key tiles that visit a
+// query tile form an interval [first, last] of tile indices (the mask's
+// bounds are monotone), and they add lowest first: key tile n waits until
+// the block's semaphore reads n - first (the number of lower tiles that have
+// added), adds, waits for the add to complete, then increments it. Key
+// tiles walk the query tiles last first (DkdvWork), so a lower key tile
+// reaches a (query tile, head) no later than a higher one: the CTAs that
+// start together queue once, by one add's latency each, and then keep that
+// offset. The same adds in the same order on every run: dq is bitwise
+// reproducible.
+template <int kD>
+__device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const DkdvWork& w,
+                                              const flash::MaskPolicy& mask, uint32_t smem) {
+  using Tile = DkdvTile<kD>;
+  using L = DkdvSmem<kD, true>;
+  constexpr int kBM = Tile::kBlockM;
+  for (int t = 0; t < w.steps; ++t) {
+    const int m0 = w.m0(t, kBM);
+    const int64_t block = dq_accum_block(w.b, w.head(t), m0 / kBM, p.c.H, p.c.tq_padded, kBM);
+    int* sem = p.dq_semaphores != nullptr ? p.dq_semaphores + block : nullptr;
+    ptx::mbar_wait(smem + L::kDqFull, uint32_t(t & 1));
+    if (sem != nullptr) {
+      const int first = mask.key_blocks(m0, min(kBM, mask.tq - m0), Tile::kBlockN).first;
+      const int rank = w.n_block - first;
+      while (ptx::ld_acquire_gpu(sem) != rank) __nanosleep(kDqSpinNs);
+      ptx::fence_proxy_async_global();
+    }
+    ptx::bulk_reduce_add_f32(p.dq_accum + block * (int64_t(kBM) * kD), smem + L::kDqStage,
+                             L::kDqStageBytes);
+    ptx::bulk_commit();
+    if (sem != nullptr) {
+      ptx::bulk_wait_all();
+      ptx::fence_proxy_async_global();
+      ptx::red_release_gpu_add(sem, 1);
+    } else {
+      ptx::bulk_wait_read_all();
+    }
+    ptx::mbar_arrive(smem + L::kDqEmpty);
+  }
+  ptx::bulk_wait_all();
+}
+
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
 // [n0 + 64 wg, n0 + 64 wg + 64), all d columns; or, split over d
 // (DkdvTile::kSplitD), keys [n0, n0 + 64) and dK, dV columns
 // [kColsPerWg wg, kColsPerWg (wg + 1)).
-template <int kD, typename Elem, bool kSoftcap>
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
 __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const DkdvWork& w,
                                              const flash::MaskPolicy& mask, uint32_t smem,
                                              const unsigned char* smem_ptr, int wg) {
   using Tile = DkdvTile<kD>;
-  using L = DkdvSmem<kD>;
+  using L = DkdvSmem<kD, kFusedDq>;
   constexpr bool kSplit = Tile::kSplitD;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kBM = Tile::kBlockM;
@@ -146,6 +214,15 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
   const uint32_t wg_cols = kSplit ? uint32_t(wg) * (kDW / kColBlock) * (kBM * kSwizzleBytes) : 0u;
   const uint32_t k_wg = smem + L::kK + wg_rows;
   const uint32_t v_wg = smem + L::kV + wg_rows;
+  // Fused dQ: this warpgroup's dQ columns [wg kDqCols, (wg + 1) kDqCols) of
+  // the K tile as an MN-major B operand (N along d): a whole column block
+  // for d 128; for d 64 half of one (32 columns = 64 bytes into the
+  // 128-byte row: the swizzle acts on the final address, as for the
+  // 32-byte k-steps of K-major operands).
+  constexpr int kDqCols = Tile::kDqCols;
+  [[maybe_unused]] const uint32_t k_dq_cols =
+      smem + L::kK + uint32_t(wg * kDqCols / kColBlock) * (kBN * kSwizzleBytes) +
+      uint32_t(wg * kDqCols % kColBlock) * kElemBytes;
 
   float dk[kDW / 8][4], dv[kDW / 8][4];
 #pragma unroll
@@ -245,6 +322,13 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
 #pragma unroll
     for (int kk = 0; kk < kStepsM; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
     ptx::pin(dsa);
+    if constexpr (kFusedDq) {
+      // This warpgroup's dS^T rows into the step's dS buffer, for dQ = dS K
+      // below; written before dK's wgmma reads dsa, fenced for the async
+      // proxy (wgmma) that reads the buffer.
+      store_ds_rows(smem + L::kDs + uint32_t(t & 1) * L::kDsBytes + wg_rows, dsa, warp, lane);
+      ptx::fence_proxy_async_shared();
+    }
     ptx::wgmma_fence();
     if constexpr (!kBwdOverlapDv) {
 #pragma unroll
@@ -255,6 +339,33 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     for (int kk = 0; kk < kStepsM; ++kk)
       ptx::Wgmma<kDW, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile + wg_cols, kk), 1);
     ptx::wgmma_commit();
+    if constexpr (kFusedDq) {
+      // dQ partial of the step's 64 queries: dS (both warpgroups' keys,
+      // once both have written their rows) times K, this warpgroup's
+      // columns; A is the dS buffer and B the K tile, both MN-major.
+      ptx::named_barrier_sync(kDsReadyBarrier, kBwdConsumerWarpgroups * kWarpgroupThreads);
+      const uint32_t ds_buf = smem + L::kDs + uint32_t(t & 1) * L::kDsBytes;
+      float dq[kDqCols / 8][4];
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
+        ptx::Wgmma<kDqCols, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk),
+                                         mn_major<kBN>(k_dq_cols, kk), kk > 0);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      ptx::pin(dq);
+      ptx::pin(dv);
+      ptx::pin(dk);
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
+      // Stage the partial once the writer has read the previous step's.
+      ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
+      stage_dq<kDqCols>(smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / 2), dq);
+      ptx::fence_proxy_async_shared();
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull);
+      continue;
+    }
     ptx::wgmma_wait<0>();
     ptx::pin(dv);
     ptx::pin(dk);
@@ -273,12 +384,12 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
   store_rows<kDW, Elem>(dv_out, c.dv_stride.row, warp_key0, mask.tk, dv, 1.0f);
 }
 
-template <int kD, typename Elem, bool kSoftcap>
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
 #ifdef GQATTN_HOPPER_BWD_DEVICE_CODE
   using Tile = DkdvTile<kD>;
-  using L = DkdvSmem<kD>;
+  using L = DkdvSmem<kD, kFusedDq>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte alignment (DkdvSmem allots the slack).
   const uint32_t smem_unaligned = uint32_t(__cvta_generic_to_shared(smem_raw));
@@ -292,6 +403,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       ptx::mbar_init(smem + L::kFull + uint32_t(s) * L::kBarrierBytes, kFullArrivals);
       ptx::mbar_init(smem + L::kEmpty + uint32_t(s) * L::kBarrierBytes, kEmptyArrivals);
     }
+    if constexpr (kFusedDq) {
+      ptx::mbar_init(smem + L::kDqFull, kBwdConsumerWarps);
+      ptx::mbar_init(smem + L::kDqEmpty, 1);
+    }
     ptx::mbar_init_fence();
   }
   __syncthreads();
@@ -301,11 +416,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kBwdProducerRegisters>();
-    if (threadIdx.x == 0) dkdv_produce<kD>(p, w, smem);
+    if (threadIdx.x == 0) dkdv_produce<kD, kFusedDq>(p, w, smem);
+    if constexpr (kFusedDq)
+      if (threadIdx.x == kWarpSize) dkdv_write_dq<kD>(p, w, mask, smem);
     return;
   }
   ptx::setmaxnreg_inc<kBwdConsumerRegisters>();
-  dkdv_consume<kD, Elem, kSoftcap>(p, w, mask, smem, smem_ptr, warpgroup - 1);
+  dkdv_consume<kD, Elem, kSoftcap, kFusedDq>(p, w, mask, smem, smem_ptr, warpgroup - 1);
 #else
   (void)p;
   __trap();  // no sm_90a code in this pass: never launched (see why_not)

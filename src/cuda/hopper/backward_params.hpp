@@ -43,6 +43,14 @@ struct BackwardParams {
   // tq_padded): cuda-flash's parameters, also what its preprocessing kernel
   // reads.
   flash::BackwardParams c;
+  // Fused dQ (chosen when dq_accum is set; DkdvTile::kFusedDqSupported):
+  // the f32 accumulator, zeroed before the
+  // dK/dV kernel, one block of kBlockM x d floats per (b, h, query tile),
+  // in the order dq_accum_index() gives; and, for the deterministic order,
+  // one semaphore per block (zeroed; it counts the key tiles that have
+  // added). dq_semaphores null: unordered adds (not reproducible).
+  float* dq_accum = nullptr;
+  int* dq_semaphores = nullptr;
 };
 
 // Thread layout of both kernels: warpgroup 0 is the producer (one thread
@@ -65,9 +73,10 @@ constexpr bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d =
 
 // Byte offsets from a 1024-byte aligned base; every tile is d/64 column
 // blocks of [rows][64] elements and starts on a 1024-byte boundary.
-template <int kD>
+template <int kD, bool kFusedDq = false>
 struct DkdvSmem {
   using Tile = DkdvTile<kD>;
+  static_assert(!kFusedDq || Tile::kFusedDqSupported, "no fused dQ for this head dimension");
   static constexpr uint32_t kKVBytes = uint32_t(Tile::kBlockN) * kD * kElemBytes;
   static constexpr uint32_t kQBytes = uint32_t(Tile::kBlockM) * kD * kElemBytes;  // Q or dO
   static constexpr uint32_t kRowBytes = uint32_t(Tile::kBlockM) * sizeof(float);  // lse2 or D
@@ -75,15 +84,29 @@ struct DkdvSmem {
   static constexpr uint32_t kV = kK + kKVBytes;
   static constexpr uint32_t kQ = kV + kKVBytes;  // stage s: kQ + s * kQBytes
   static constexpr uint32_t kDo = kQ + Tile::kStages * kQBytes;
-  static constexpr uint32_t kLse2 = kDo + Tile::kStages * kQBytes;  // stage s: + s * kRowBytes
+  // Fused dQ only (else 0 bytes): two dS buffers of [kBlockN keys][kBlockM
+  // queries] (alternating steps: one warpgroup may still read step t's while
+  // the other writes step t + 1's) and the f32 staging of one step's partial
+  // for the bulk reduce-add.
+  static constexpr uint32_t kDsBytes =
+      kFusedDq ? uint32_t(Tile::kBlockN) * Tile::kBlockM * kElemBytes : 0u;
+  static constexpr uint32_t kDqStageBytes =
+      kFusedDq ? uint32_t(Tile::kBlockM) * kD * sizeof(float) : 0u;
+  static constexpr uint32_t kDs = kDo + Tile::kStages * kQBytes;  // buffer i: + i kDsBytes
+  static constexpr uint32_t kDqStage = kDs + 2 * kDsBytes;
+  static constexpr uint32_t kLse2 = kDqStage + kDqStageBytes;  // stage s: + s * kRowBytes
   static constexpr uint32_t kDsum = kLse2 + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarriers = kDsum + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarrierBytes = 8;
-  // kv_full, then per stage full (Q, dO, lse2, D landed) and empty (released).
+  // kv_full, then per stage full (Q, dO, lse2, D landed) and empty
+  // (released), then dq_full (the consumers staged a partial) and dq_empty
+  // (the writer has read it).
   static constexpr uint32_t kKVFull = kBarriers;
   static constexpr uint32_t kFull = kKVFull + kBarrierBytes;
   static constexpr uint32_t kEmpty = kFull + Tile::kStages * kBarrierBytes;
-  static constexpr uint32_t kEnd = kEmpty + Tile::kStages * kBarrierBytes;
+  static constexpr uint32_t kDqFull = kEmpty + Tile::kStages * kBarrierBytes;
+  static constexpr uint32_t kDqEmpty = kDqFull + kBarrierBytes;
+  static constexpr uint32_t kEnd = kDqEmpty + kBarrierBytes;
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
   // Bytes the producer announces on a stage's full barrier.
   static constexpr uint32_t kStageTxBytes = 2 * kQBytes + 2 * kRowBytes;
@@ -93,7 +116,19 @@ struct DkdvSmem {
   static_assert(kRowBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
   static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
   static_assert(kAllocBytes <= kBwdMaxSmemBytes, "dK/dV tiles exceed shared memory");
+  static_assert(kDsBytes % kSwizzleAtomBytes == 0, "dS buffers start on 1024-byte boundaries");
 };
+
+// Fused dQ: the accumulator's block of (b, h, query tile m) starts at float
+// dq_accum_block(...) * kBlockM * d; inside it, warpgroup w's columns form a
+// contiguous part, and within that the float4 of thread i (0..127) holding
+// the n8 block c of its wgmma accumulator is at float4 index c * 128 + i,
+// so that the staging stores of a warp are contiguous (conflict-free) and
+// one bulk reduce-add moves the whole block.
+constexpr int64_t dq_accum_block(int64_t b, int64_t h, int64_t m, int64_t H, int64_t tq_padded,
+                                 int64_t block_m) {
+  return (b * H + h) * (tq_padded / block_m) + m;
+}
 
 template <int kD>
 struct DqSmem {
@@ -121,8 +156,8 @@ struct DqSmem {
 
 template <int kD>
 constexpr std::size_t backward_smem_bytes() {
-  return DkdvSmem<kD>::kAllocBytes > DqSmem<kD>::kAllocBytes ? DkdvSmem<kD>::kAllocBytes
-                                                             : DqSmem<kD>::kAllocBytes;
+  constexpr std::size_t dkdv = DkdvSmem<kD, DkdvTile<kD>::kFusedDqSupported>::kAllocBytes;
+  return dkdv > DqSmem<kD>::kAllocBytes ? dkdv : DqSmem<kD>::kAllocBytes;
 }
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -137,6 +172,16 @@ constexpr int64_t dq_blocks(int64_t B, int64_t H, int64_t Tq, int64_t d) {
 static_assert(DkdvTile<64>::kBlockN == DkdvTile<128>::kBlockN &&
                   DqTile<64>::kBlockM == DqTile<128>::kBlockM,
               "grid sizes assume one tile shape for d 64 and 128");
+
+// Fused dQ workspace: the f32 accumulator and the semaphores of the
+// ordered adds (one per query tile of every head).
+constexpr std::size_t fused_dq_accum_floats(int64_t B, int64_t H, int64_t tq_padded, int64_t d) {
+  return std::size_t(B * H * tq_padded * d);
+}
+constexpr std::size_t fused_dq_semaphores(int64_t B, int64_t H, int64_t tq_padded) {
+  return std::size_t(B * H * (tq_padded / DkdvTile<128>::kBlockM));
+}
+static_assert(DkdvTile<64>::kBlockM == DkdvTile<128>::kBlockM, "one query tile for d 64, 128");
 
 // Shared memory of the larger of the two kernels for head dimension d.
 constexpr std::size_t backward_smem_bytes(int64_t d) {

@@ -27,6 +27,19 @@ constexpr bool kBwdDeepRing = true;
 constexpr int kBwdRingStagesDeep = 3;
 constexpr int kBwdRingStagesShallow = 2;
 
+// Fused dQ (d <= 128, chosen per call: hopper_backend.cpp
+// use_fused_dq): the dK/dV kernel also forms each step's dQ partial
+// dS K (the fifth GEMM; dS through shared memory) and reduce-adds it into an
+// f32 accumulator by bulk copy, instead of the separate dQ kernel that
+// recomputes S and dP (seven GEMMs in all). Deterministic by default: the
+// adds into one query tile are ordered by a semaphore, highest key tile
+// first (backward_dkdv_kernel.cuh); unordered only when the caller allows a
+// non-deterministic result (Options::deterministic = false). d = 256 keeps
+// the separate kernel (its dK, dV halves leave no registers for a dQ
+// accumulator). Off: the separate dQ kernel for every d (and the fused
+// kernels are not compiled).
+constexpr bool kBwdFusedDq = true;
+
 // d = 256: dK, dV (and dQ) of 64 rows would need 2 x 128 f32 registers per
 // thread, so both consumer warpgroups own the SAME 64 rows and split d:
 // warpgroup w accumulates columns [128 w, 128 w + 128). Each warpgroup
@@ -34,6 +47,8 @@ constexpr int kBwdRingStagesShallow = 2;
 // in both; 1/3 of the GEMM work is redundant), so no exchange through
 // shared memory and no extra barrier is needed.
 constexpr bool split_d(int d) { return d > 128; }
+
+constexpr bool fused_dq_supported(int d) { return kBwdFusedDq && !split_d(d); }
 
 // dK/dV: kBlockN keys per CTA (64 per consumer warpgroup, or 64 shared by
 // both when split over d), query tiles of kBlockM rows (the N of
@@ -48,6 +63,10 @@ struct DkdvTile {
   static constexpr int kStages =
       (!kSplitD && kBwdDeepRing) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
   static constexpr int kColsPerWg = kSplitD ? kD / 2 : kD;  // dK, dV columns of one warpgroup
+  // Fused dQ: warpgroup w computes columns [w kDqCols, (w + 1) kDqCols) of
+  // the step's 64 x d partial, over all kBlockN keys of the CTA.
+  static constexpr bool kFusedDqSupported = fused_dq_supported(kD);
+  static constexpr int kDqCols = kD / 2;
 };
 // dQ: kBlockM query rows per CTA (64 per consumer warpgroup, or 64 shared by
 // both when split over d), key tiles of kBlockN in a kStages ring (K and V

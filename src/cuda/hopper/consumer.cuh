@@ -131,12 +131,12 @@ static_assert(ptx::kFirstNamedBarrier + kConsumerWarpgroups <= ptx::kNamedBarrie
 // K/V visits of the CTA's earlier work tiles (this tile's visit `it` is the
 // producer's kv_base + it). Returns after every GEMM has retired and every
 // K, V and Q slot of the tile has been released.
-template <int kD, typename Elem, bool kSoftcap>
+template <class Tile, typename Elem, bool kSoftcap>
 __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord& tile,
                                         const MaskPolicy& mask, uint32_t smem, int wg, int t,
-                                        int kv_base, PingPong& pp, ConsumerResult<kD>& out) {
-  using Tile = ForwardTile<kD>;
-  using L = SmemLayout<kD>;
+                                        int kv_base, PingPong& pp, ConsumerResult<Tile::kD>& out) {
+  constexpr int kD = Tile::kD;
+  using L = SmemLayout<Tile>;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kStages = Tile::kStages;
@@ -144,6 +144,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   constexpr int kStepsQK = kD / kWgmmaK;
   constexpr int kStepsPV = kBN / kWgmmaK;
   static_assert(kBM == kConsumerWarpgroups * kWgmmaM, "one wgmma M per consumer warpgroup");
+  static_assert(kBN % kWgmmaK == 0 && kNT == 2 * kStepsPV, "P V needs whole k16 steps of S");
   static_assert(kConsumerWarpgroups == 2, "PingPong pairs exactly two consumer warpgroups");
 
   const int lane = int(threadIdx.x) % kWarpSize;

@@ -1,6 +1,7 @@
 // cuda-hopper: the forward kernel (sm_90a): warp-specialised, FlashAttention-3
-// style. A CTA of 384 threads works through the work tiles (query tile of
-// 128 rows, head, batch) its TileSchedule deals it — one tile per CTA, or,
+// style, instantiated per tile shape (Tile = ForwardTile<kD, kWide>,
+// tile_sizes.hpp). A CTA of 384 threads works through the work tiles (query
+// tile of 128 rows, head, batch) its TileSchedule deals it — one tile per CTA, or,
 // with kPersistentScheduler, one CTA per SM looping over tiles:
 //   warpgroup 0 (producer, setmaxnreg 24): one thread issues every TMA copy
 //     of every tile (producer.cuh); the other producer threads exit at once;
@@ -39,12 +40,12 @@ namespace gqattn::hopper {
 constexpr uint32_t kEmptyArrivals = kConsumerWarps;
 constexpr uint32_t kFullArrivals = 1;  // the producer's arrive.expect_tx
 
-template <int kD, typename Elem, bool kSoftcap>
+template <class Tile, typename Elem, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardParams p) {
 #ifdef GQATTN_HOPPER_DEVICE_CODE
-  using Tile = ForwardTile<kD>;
-  using L = SmemLayout<kD>;
+  constexpr int kD = Tile::kD;
+  using L = SmemLayout<Tile>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte alignment (SmemLayout allots the slack).
   const uint32_t smem_unaligned = uint32_t(__cvta_generic_to_shared(smem_raw));
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x == 0) produce<kD>(p, mask, schedule, smem);
+    if (threadIdx.x == 0) produce<Tile>(p, mask, schedule, smem);
     return;
   }
   ptx::setmaxnreg_inc<kConsumerRegisters>();
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const TileCoord tile =
         tile_coord<Tile::kBlockM, Tile::kBlockN>(p, mask, int(schedule.index(t)));
     ConsumerResult<kD> result;
-    consume<kD, Elem, kSoftcap>(p, tile, mask, smem, wg, t, kv_base, pp, result);
+    consume<Tile, Elem, kSoftcap>(p, tile, mask, smem, wg, t, kv_base, pp, result);
     store_output<kD, Elem>(p, tile, mask.tq, wg, result);
     kv_base += max(0, tile.keys.last - tile.keys.first + 1);
   }

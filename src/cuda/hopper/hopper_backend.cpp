@@ -18,6 +18,7 @@
 #include "cuda/common/device_query.hpp"
 #include "cuda/flash/problem_args.hpp"
 #include "cuda/flash/tile_sizes.hpp"
+#include "cuda/hopper/backward_dq_choice.hpp"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/launchers.hpp"
 #include "cuda/hopper/params.hpp"
@@ -45,11 +46,21 @@ constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 constexpr int kNeedMajor = 9;
 constexpr int kNeedMinor = 0;
 
-[[maybe_unused]] std::size_t smem_needed(int64_t d) {
+// Whether problem p runs on the wide d128 tile (tile_sizes.hpp
+// forward_wide), decided on mask_args and score_args exactly as the
+// launcher decides on ForwardParams::mask and ::score (a window >= Tk is no
+// window).
+bool wide_tile(const Problem& p) {
+  const flash::MaskArgs m = flash::mask_args(p);
+  return hopper::forward_wide(int(p.d), m.causal, m.window, flash::score_args(p).softcap);
+}
+
+[[maybe_unused]] std::size_t smem_needed(int64_t d, bool wide) {
+  if (wide) return hopper::forward_smem_bytes<hopper::ForwardTile<128, true>>();
   switch (d) {
-    case 64: return hopper::forward_smem_bytes<64>();
-    case 128: return hopper::forward_smem_bytes<128>();
-    default: return hopper::forward_smem_bytes<256>();
+    case 64: return hopper::forward_smem_bytes<hopper::ForwardTile<64>>();
+    case 128: return hopper::forward_smem_bytes<hopper::ForwardTile<128>>();
+    default: return hopper::forward_smem_bytes<hopper::ForwardTile<256>>();
   }
 }
 
@@ -60,7 +71,8 @@ int box_rows_q(int64_t d) {
     default: return hopper::ForwardTile<256>::kBlockM;
   }
 }
-int box_rows_kv(int64_t d) {
+int box_rows_kv(int64_t d, bool wide) {
+  if (wide) return hopper::ForwardTile<128, true>::kBlockN;
   switch (d) {
     case 64: return hopper::ForwardTile<64>::kBlockN;
     case 128: return hopper::ForwardTile<128>::kBlockN;
@@ -109,7 +121,7 @@ class CudaHopperBackend final : public BackendImpl {
     if (props.cc_major != kNeedMajor || props.cc_minor != kNeedMinor)
       return "needs sm_90 (wgmma/TMA), device is sm_" + std::to_string(props.cc_major) +
              std::to_string(props.cc_minor);
-    const std::size_t need = smem_needed(p.d);
+    const std::size_t need = smem_needed(p.d, wide_tile(p));
     if (need > props.max_shared_per_block_optin)
       return "not supported: cuda-hopper d=" + std::to_string(p.d) + " needs " +
              std::to_string(need / 1024) + " KB of shared memory per block, the device allows " +
@@ -136,10 +148,11 @@ class CudaHopperBackend final : public BackendImpl {
 
   void forward(const ForwardArgs& a) const override {
     const int64_t d = a.problem.d;
+    const bool wide = wide_tile(a.problem);  // as launch_forward picks from p.mask, p.score
     hopper::ForwardParams p;
     p.q_map = hopper::make_tile_map(a.q, box_rows_q(d), "q");
-    p.k_map = hopper::make_tile_map(a.k, box_rows_kv(d), "k");
-    p.v_map = hopper::make_tile_map(a.v, box_rows_kv(d), "v");
+    p.k_map = hopper::make_tile_map(a.k, box_rows_kv(d, wide), "k");
+    p.v_map = hopper::make_tile_map(a.v, box_rows_kv(d, wide), "v");
     p.o = a.o.data;
     p.o_stride = flash::row_strides(a.o);
     p.lse = static_cast<float*>(a.lse.data);
@@ -195,14 +208,27 @@ class CudaHopperBackend final : public BackendImpl {
     flash::BackwardParams& c = p.c;
     const int64_t padded = c.tq_padded;
 
-    // Workspace: lse2 and D, [B*H, tq_padded] f32 each, on the caller's
-    // stream (cudaMallocAsync: 256-byte aligned, as the bulk copies need).
+    // Workspace on the caller's stream (cudaMallocAsync: 256-byte aligned,
+    // as the bulk copies need): lse2 and D, [B*H, tq_padded] f32 each; with
+    // the fused dQ (backward_dq_choice.hpp) also its f32 accumulator (B*H*tq_padded*d,
+    // linear in T) and, unless the caller allows a non-deterministic dq,
+    // the semaphores that fix the order of its adds.
     const auto stream = static_cast<cudaStream_t>(a.options.stream);
     const std::size_t rows = std::size_t(a.problem.B * a.problem.H * padded);
+    const bool fused = hopper::bwd::use_fused_dq(a.problem);
+    const std::size_t accum =
+        fused ? hopper::bwd::fused_dq_accum_floats(a.problem.B, a.problem.H, padded, d) : 0;
+    const std::size_t semaphores =
+        fused && a.options.deterministic
+            ? hopper::bwd::fused_dq_semaphores(a.problem.B, a.problem.H, padded)
+            : 0;
     void* workspace = nullptr;
-    GQATTN_CUDA_CHECK(cudaMallocAsync(&workspace, 2 * rows * sizeof(float), stream));
+    GQATTN_CUDA_CHECK(cudaMallocAsync(
+        &workspace, (2 * rows + accum) * sizeof(float) + semaphores * sizeof(int), stream));
     c.lse2 = static_cast<float*>(workspace);
     c.dsum = c.lse2 + rows;
+    p.dq_accum = accum > 0 ? c.dsum + rows : nullptr;
+    p.dq_semaphores = semaphores > 0 ? reinterpret_cast<int*>(c.dsum + rows + accum) : nullptr;
     const hopper::ElemType elem =
         a.q.dtype == DType::bf16 ? hopper::ElemType::bf16 : hopper::ElemType::f16;
     try {

@@ -1,7 +1,10 @@
 // cuda-hopper: the backward launcher template: cuda-flash's preprocessing
 // kernel (lse2, D into the workspace; reused as is), then the dK/dV kernel
-// (one CTA per key tile, kv head, batch), then the dQ kernel (one CTA per
-// query tile, head, batch), all on the caller's stream, 1-D grids.
+// (one CTA per key tile, kv head, batch), then either the dQ kernel (one CTA
+// per query tile, head, batch) or, with the fused dQ (d <= 128), the
+// conversion of the accumulator the dK/dV kernel added into (zeroed first,
+// with the semaphores) when the caller set p.dq_accum, all on the caller's
+// stream, 1-D grids.
 // Instantiated per head dimension by launch_backward_d*.cu. Checked through
 // tests/gpu/test_hopper_backward.cpp.
 #pragma once
@@ -12,10 +15,38 @@
 #include "cuda/flash/backward_preprocess.cuh"
 #include "cuda/flash/tile_sizes.hpp"
 #include "cuda/hopper/backward_dkdv_kernel.cuh"
+#include "cuda/hopper/backward_dq_convert.cuh"
 #include "cuda/hopper/backward_dq_kernel.cuh"
 #include "cuda/hopper/backward_params.hpp"
 
 namespace gqattn::hopper::bwd {
+
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
+void launch_dkdv(const BackwardParams& p, cudaStream_t stream) {
+  constexpr int kSmem = int(DkdvSmem<kD, kFusedDq>::kAllocBytes);
+  const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk, kD));
+  auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, kFusedDq>;
+  GQATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
+  cuda::check_launch("cuda-hopper backward_dkdv_kernel");
+}
+
+// Fused dQ: zero the accumulator (and the semaphores), the dK/dV kernel
+// that adds into it, then dq = scale * accumulator.
+template <int kD, typename Elem, bool kSoftcap>
+void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
+  const std::size_t floats = fused_dq_accum_floats(p.c.B, p.c.H, p.c.tq_padded, kD);
+  GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, floats * sizeof(float), stream));
+  if (p.dq_semaphores != nullptr)
+    GQATTN_CUDA_CHECK(
+        cudaMemsetAsync(p.dq_semaphores, 0,
+                        fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
+  launch_dkdv<kD, Elem, kSoftcap, true>(p, stream);
+  const int blocks = int(ceil_div(int64_t(floats / 4), kDqConvertThreads));
+  backward_dq_convert_kernel<kD, Elem><<<blocks, kDqConvertThreads, 0, stream>>>(p);
+  cuda::check_launch("cuda-hopper backward_dq_convert_kernel");
+}
 
 template <int kD, typename Elem, bool kSoftcap>
 void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
@@ -29,24 +60,20 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
         <<<blocks, flash::kPreprocessThreads, 0, stream>>>(p.c);
     cuda::check_launch("cuda-hopper backward_preprocess_kernel (cuda-flash's)");
   }
-  {
-    constexpr int kSmem = int(DkdvSmem<kD>::kAllocBytes);
-    const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk, kD));
-    auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap>;
-    GQATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
-    cuda::check_launch("cuda-hopper backward_dkdv_kernel");
+  if constexpr (DkdvTile<kD>::kFusedDqSupported) {
+    if (p.dq_accum != nullptr) {
+      launch_dkdv_fused_dq<kD, Elem, kSoftcap>(p, stream);
+      return;
+    }
   }
-  {
-    constexpr int kSmem = int(DqSmem<kD>::kAllocBytes);
-    const int blocks = int(dq_blocks(p.c.B, p.c.H, p.c.mask.tq, kD));
-    auto kernel = backward_dq_kernel<kD, Elem, kSoftcap>;
-    GQATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
-    cuda::check_launch("cuda-hopper backward_dq_kernel");
-  }
+  launch_dkdv<kD, Elem, kSoftcap, false>(p, stream);
+  constexpr int kSmem = int(DqSmem<kD>::kAllocBytes);
+  const int blocks = int(dq_blocks(p.c.B, p.c.H, p.c.mask.tq, kD));
+  auto kernel = backward_dq_kernel<kD, Elem, kSoftcap>;
+  GQATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
+  cuda::check_launch("cuda-hopper backward_dq_kernel");
 }
 
 template <int kD>

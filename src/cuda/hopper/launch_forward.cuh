@@ -1,10 +1,13 @@
-// cuda-hopper: the forward launcher template: picks the kernel instance for
-// the element type and softcap, opts in to its shared memory, and launches
-// a 1-D grid of CTAs of kThreads: one per work tile (query tile, head,
-// batch), or with kPersistentScheduler min(tiles, SMs) CTAs (one fits per
-// SM: __launch_bounds__(kThreads, 1) and the shared memory) that loop.
-// Instantiated per head dimension by launch_forward_d*.cu. Checked through
-// tests/gpu/test_hopper_forward.cpp.
+// cuda-hopper: the forward launcher template: picks the tile (the wide d128
+// tile when forward_wide() says so, else the head dimension's default), the
+// kernel instance for the element type and softcap, opts in to its shared
+// memory, and launches a 1-D grid of CTAs of kThreads: one per work tile
+// (query tile, head, batch), or with kPersistentScheduler min(tiles, SMs)
+// CTAs (one fits per SM: __launch_bounds__(kThreads, 1) and the shared
+// memory) that loop. Instantiated per head dimension by
+// launch_forward_d*.cu; only d128 instantiates a wide tile. The host side
+// (hopper_backend.cpp) built the K/V maps with the same tile's box rows.
+// Checked through tests/gpu/test_hopper_forward.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,39 +21,53 @@
 
 namespace gqattn::hopper {
 
-template <int kD, typename Elem, bool kSoftcap>
+template <class Tile, typename Elem, bool kSoftcap>
 void launch_forward_typed(const ForwardParams& params, cudaStream_t stream) {
-  constexpr int kSmem = int(forward_smem_bytes<kD>());
+  constexpr int kSmem = int(forward_smem_bytes<Tile>());
   ForwardParams p = params;
   // why_not refused more than 2^31 - 1 tiles.
-  p.num_tiles = int(forward_blocks(kD, p.B, p.H, p.mask.tq));
+  p.num_tiles = int(forward_blocks(Tile::kD, p.B, p.H, p.mask.tq));
   int blocks = p.num_tiles;
   if constexpr (kPersistentScheduler) {
     constexpr int kCtasPerSm = 1;
     blocks = std::min(blocks, kCtasPerSm * cuda::current_device_properties().multiprocessors);
   }
   if (blocks == 0) return;  // no work tile (B, H or Tq is 0)
-  auto kernel = forward_kernel<kD, Elem, kSoftcap>;
+  auto kernel = forward_kernel<Tile, Elem, kSoftcap>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   kernel<<<blocks, kThreads, kSmem, stream>>>(p);
   cuda::check_launch("cuda-hopper forward_kernel");
 }
 
+template <class Tile, bool kSoftcap>
+void launch_forward_elem(const ForwardParams& p, ElemType elem, cudaStream_t s) {
+  static_assert(Tile::kBlockM == ForwardTile<Tile::kD>::kBlockM,
+                "forward_blocks counts query tiles of the default tile's kBlockM");
+  if (elem == ElemType::bf16)
+    launch_forward_typed<Tile, __nv_bfloat16, kSoftcap>(p, s);
+  else
+    launch_forward_typed<Tile, __half, kSoftcap>(p, s);
+}
+
+template <int kD, bool kSoftcap>
+void launch_forward_softcap(const ForwardParams& p, ElemType elem, cudaStream_t s) {
+  if constexpr (has_wide_tile(kD, kSoftcap)) {
+    if (forward_wide(kD, p.mask.causal, p.mask.window, kSoftcap)) {
+      launch_forward_elem<ForwardTile<kD, true>, kSoftcap>(p, elem, s);
+      return;
+    }
+  }
+  launch_forward_elem<ForwardTile<kD>, kSoftcap>(p, elem, s);
+}
+
 template <int kD>
 void launch_forward(const ForwardParams& p, ElemType elem, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  if (elem == ElemType::bf16) {
-    if (p.score.softcap)
-      launch_forward_typed<kD, __nv_bfloat16, true>(p, s);
-    else
-      launch_forward_typed<kD, __nv_bfloat16, false>(p, s);
-  } else {
-    if (p.score.softcap)
-      launch_forward_typed<kD, __half, true>(p, s);
-    else
-      launch_forward_typed<kD, __half, false>(p, s);
-  }
+  if (p.score.softcap)
+    launch_forward_softcap<kD, true>(p, elem, s);
+  else
+    launch_forward_softcap<kD, false>(p, elem, s);
 }
 
 }  // namespace gqattn::hopper

@@ -39,11 +39,11 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
 // reset), exactly as the consumers count. Q of the CTA's t-th tile is
 // loaded in phase t & 1 of q_full; for t >= 1 only after phase (t - 1) & 1
 // of q_empty, which the consumers complete once no GEMM reads Q any more.
-template <int kD>
+template <class Tile>
 __device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy& mask,
                                         const TileSchedule& schedule, uint32_t smem) {
-  using Tile = ForwardTile<kD>;
-  using L = SmemLayout<kD>;
+  using L = SmemLayout<Tile>;
+  constexpr int kD = Tile::kD;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kStages = Tile::kStages;
 

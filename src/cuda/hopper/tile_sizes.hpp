@@ -3,7 +3,7 @@
 // backend's why_not compares it with the device's opt-in limit). Plain C++
 // so the host side can use it; the kernel static_asserts what it relies on.
 // Checked by compiling and by tests/gpu/test_hopper_forward.cpp (d 64, 128,
-// 256).
+// 256; the wide d128 tile by its non-causal d128 cases).
 //
 // A CTA owns kBlockM = 128 query rows of one head: two consumer warpgroups
 // of 64 rows each (the M of one wgmma) and one producer warpgroup whose
@@ -11,6 +11,12 @@
 // go through a kStages-deep ring of shared-memory slots. Shared memory holds
 // every tile as column blocks of 64 elements (128 bytes, the span of the
 // 128-byte swizzle): a [rows x d] tile is d/64 blocks of [rows][64].
+//
+// The tile is a template parameter of the kernel (ForwardTile<kD, kWide>),
+// chosen at launch by forward_wide(): per head dimension one default tile,
+// plus at d128 a wide key tile for problems with neither causal mask nor
+// window (FlashAttention-3's 128 x 176), which has fewer tiles, hence fewer
+// softmax row reductions and barriers, per GEMM FLOP.
 #pragma once
 
 #include <cstddef>
@@ -60,28 +66,51 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   longest-first, serpentine rounds), so the producer loads the next
 //   tile's Q and K/V while the consumers finish and store the current one.
 //   Off: one CTA per work tile (the same code with one tile per CTA).
+// - kWideNonCausalD128: d128 problems with neither causal mask nor window
+//   (after mask_args: a window >= Tk is none) use ForwardTile<128, true>,
+//   128 x 176 (FlashAttention-3's kBlockN for d128 non-causal);
+//   everything else keeps 128 x 128. Off: the wide kernels are neither
+//   chosen nor compiled. kWideSoftcapD128 (only with kWideNonCausalD128):
+//   softcap problems take the wide tile too; off: they keep 128 x 128 and
+//   the two wide softcap kernels are not compiled. Measured on the H200
+//   (docs/hopper.md): without softcap the wide tile gains 4-5% at T8k-T16k
+//   (2% at T4k, where the last tile is mostly padding); with softcap it
+//   loses 2-5% (the MUFU-bound softmax gains nothing from a longer tile and
+//   the consumer is at 238 of 240 registers), hence off.
 constexpr bool kIntraWarpgroupOverlap = true;
 constexpr bool kPingPong = true;
 constexpr bool kFastSoftcap = true;
 constexpr bool kPersistentScheduler = true;
+constexpr bool kWideNonCausalD128 = true;
+constexpr bool kWideSoftcapD128 = false;
 
-template <int kD>
+// ForwardTile<kD, kWide>: kD the head dimension; kWide the non-causal
+// variant (only <128, true> exists, used as forward_wide() says).
+template <int kD, bool kWide = false>
 struct ForwardTile;
 template <>
 struct ForwardTile<64> {
-  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr int kD = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
 };
 template <>
 struct ForwardTile<128> {
-  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr int kD = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr bool kPingPongAllowed = true;
+  static constexpr bool kFastSoftcapAllowed = true;
+};
+// 128 x 176: S is 88 f32 per consumer thread (m64n176k16), P 44 packed
+// registers (11 k16 steps of the P V GEMM), O 64.
+template <>
+struct ForwardTile<128, true> {
+  static constexpr int kD = 128, kBlockM = 128, kBlockN = 176, kStages = 2;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
 };
 template <>
 struct ForwardTile<256> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kStages = 2;
+  static constexpr int kD = 256, kBlockM = 128, kBlockN = 64, kStages = 2;
   static constexpr bool kPingPongAllowed = false;  // FlashAttention-3: no ping-pong for d256
   // With O (128 registers) and P in flight during the softmax, the longer
   // tanh spills 9 registers (ptxas 13.0); d256's softmax has half the
@@ -89,12 +118,24 @@ struct ForwardTile<256> {
   static constexpr bool kFastSoftcapAllowed = false;
 };
 
+// Whether head dimension d has a wide (non-causal) tile for softcap on or
+// off at all: which kernels the launchers instantiate.
+constexpr bool has_wide_tile(int d, bool softcap) {
+  return kWideNonCausalD128 && d == 128 && (!softcap || kWideSoftcapD128);
+}
+// Whether a problem runs on ForwardTile<d, true>. causal and window are
+// MaskArgs' (window 0: none), softcap ScoreArgs', so the host (TMA box rows,
+// shared memory) and the launcher (kernel instance) decide alike.
+constexpr bool forward_wide(int d, bool causal, int window, bool softcap) {
+  return has_wide_tile(d, softcap) && !causal && window == 0;
+}
+
 // Byte offsets of one CTA's shared memory, from a 1024-byte aligned base:
 // Q, then kStages K slots, then kStages V slots (each slot a whole tile, so
 // every tile starts on a swizzle-atom boundary), then the mbarriers.
-template <int kD>
+template <class Tile>
 struct SmemLayout {
-  using Tile = ForwardTile<kD>;
+  static constexpr int kD = Tile::kD;
   static constexpr uint32_t kQBytes = uint32_t(Tile::kBlockM) * kD * kElemBytes;
   static constexpr uint32_t kKVBytes = uint32_t(Tile::kBlockN) * kD * kElemBytes;  // one slot
   static constexpr uint32_t kQ = 0;
@@ -116,14 +157,25 @@ struct SmemLayout {
   // atom more and round the base up.
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
 
+  // Every column block ([rows][64], rows x 128 bytes) must start on a
+  // 1024-byte boundary too: rows a multiple of 8 (176 rows: 22 atoms).
+  static_assert(Tile::kBlockM % 8 == 0 && Tile::kBlockN % 8 == 0,
+                "column blocks must start on 1024-byte boundaries");
   static_assert(kQBytes % kSwizzleAtomBytes == 0 && kKVBytes % kSwizzleAtomBytes == 0,
                 "tiles must start on 1024-byte boundaries");
   static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
+  // A TMA box and a wgmma N have at most 256 rows; P V walks S in k16 steps.
+  static_assert(Tile::kBlockM <= 256 && Tile::kBlockN <= 256, "a TMA box has at most 256 rows");
+  static_assert(Tile::kBlockN % kWgmmaK == 0, "kBlockN must be a whole number of k16 steps");
 };
 
-template <int kD>
+template <class Tile>
 constexpr std::size_t forward_smem_bytes() {
-  return SmemLayout<kD>::kAllocBytes;
+  return SmemLayout<Tile>::kAllocBytes;
 }
+// 128 x 128: 160 KB + barriers; 128 x 176: Q 32 KB + 2 x 44 KB K + 2 x 44 KB
+// V = 208 KB + barriers, under the H100/H200 opt-in of 227 KB.
+static_assert(forward_smem_bytes<ForwardTile<128, true>>() <= 227 * 1024,
+              "the wide d128 tile exceeds sm_90's shared memory");
 
 }  // namespace gqattn::hopper

@@ -6,11 +6,14 @@ are generated rather than written by hand. Run it after changing SHAPES and
 clang-format the output; checked by compiling (ptxas rejects a wrong operand
 count) and by tests/gpu/test_hopper_forward.cpp.
 
-Usage: python3 gen_wgmma_ops.py > wgmma_ops.cuh
+Usage (from the repository root):
+  python3 src/cuda/hopper/ptx/gen_wgmma_ops.py | clang-format \
+      --assume-filename=src/cuda/hopper/ptx/wgmma_ops.cuh > src/cuda/hopper/ptx/wgmma_ops.cuh
 """
 
-SS_N = (64, 128)       # S = Q K^T: N = key tile (kBlockN)
+SS_N = (64, 128, 176)  # S = Q K^T: N = key tile (kBlockN; 176: the wide d128 tile)
 RS_N = (64, 128, 256)  # O += P V:  N = head dimension
+SS_MN_N = (32, 64)     # backward dQ = dS K: N = d / 2 (one consumer warpgroup's columns)
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 
@@ -39,6 +42,22 @@ struct Wgmma<{n}, {ctype}> {{
 """
 
 
+def ss_mn(n, ptype):
+    acc = n // 2
+    return f"""  // D(64 x {n}) (+)= A(64 x 16, smem, MN-major) * B(16 x {n}, smem, MN-major)
+  // (imm-trans-a = imm-trans-b = 1).
+  __device__ __forceinline__ static void ss_mn(float (&d)[{n // 8}][4], uint64_t desc_a,
+                                               uint64_t desc_b, int accumulate) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
+        "{{{regs(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, 1, 1;\\n}}\\n"
+        : {operands(n)}
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }}
+"""
+
+
 def rs(n, ptype):
     acc = n // 2
     return f"""  // D(64 x {n}) (+)= A(64 x 16, registers) * B(16 x {n}, smem, MN-major).
@@ -61,6 +80,8 @@ def main():
 //       K-major (imm-trans-a = imm-trans-b = 0): S = Q K^T.
 //   rs: D = A B (+ D when accumulate != 0), A from registers, B from shared memory MN-major
 //       (imm-trans-b = 1): O += P V.
+//   ss_mn: D = A B (+ D), both from shared memory, both MN-major
+//       (imm-trans-a = imm-trans-b = 1): the backward's fused dQ = dS K.
 // d[i][e] is the f32 accumulator in the m16n8 C-fragment order of
 // wgmma.cuh. Checked by compiling and by tests/gpu/test_hopper_forward.cpp.
 #pragma once
@@ -77,13 +98,15 @@ template <int N, typename Elem>
 struct Wgmma;
 """)
     for ctype, ptype in TYPES:
-        for n in sorted(set(SS_N) | set(RS_N)):
+        for n in sorted(set(SS_N) | set(RS_N) | set(SS_MN_N)):
             if n in SS_N:
                 body = ss(n, ctype, ptype)
             else:
                 body = f"template <>\nstruct Wgmma<{n}, {ctype}> {{\n"
             if n in RS_N:
                 body += rs(n, ptype)
+            if n in SS_MN_N:
+                body += ss_mn(n, ptype)
             body += "};\n"
             print(body)
     print("}  // namespace gqattn::hopper::ptx")
