@@ -12,8 +12,6 @@
 
 namespace gqattn::hopper::bwd {
 
-constexpr int kDqConvertThreads = 256;
-
 // One thread per float4 of the accumulator: thread i of warpgroup part w,
 // n8 block c holds rows r, r + 8 (r = 16 (i / 32) + (i % 32) / 4) and
 // columns w kDqCols + 8 c + 2 (i % 4), + 1 of the block's query tile.

@@ -179,10 +179,13 @@ class CudaHopperBackend final : public BackendImpl {
     if (!hopper::bwd::head_dim_supported(p.d))
       return "not supported: cuda-hopper backward supports d in {64, 128, 256} (got d=" +
              std::to_string(p.d) + "); use cuda-flash";
-    const int64_t grid = std::max({hopper::bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d),
-                                   hopper::bwd::dq_blocks(p.B, p.H, p.Tq, p.d),
-                                   hopper::bwd::ceil_div(p.B * p.H * flash::tq_padded(p.Tq),
-                                                         flash::kPreprocessRowsPerBlock)});
+    // Every launch either dQ path may make (backward_dq_choice.hpp).
+    const int64_t grid = std::max(
+        {hopper::bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d), hopper::bwd::dq_blocks(p.B, p.H, p.Tq, p.d),
+         hopper::bwd::ceil_div(p.B * p.H * flash::tq_padded(p.Tq), flash::kPreprocessRowsPerBlock),
+         hopper::bwd::fused_dq_supported(int(p.d))
+             ? hopper::bwd::dq_convert_blocks(p.B, p.H, flash::tq_padded(p.Tq), p.d)
+             : 0});
     if (grid > kMaxGridX)
       return "not supported: cuda-hopper backward needs at most 2^31-1 thread blocks (" +
              std::to_string(grid) + " blocks)";
