@@ -62,20 +62,6 @@ void append(std::string& out, const char* format, ...) {
   out += buffer;
 }
 
-// Exact number of kept (i, j) pairs under the mask of DESIGN §1.
-double kept_pairs(const gqattn::Problem& p) {
-  const int64_t off = p.Tk - p.Tq;
-  double total = 0.0;
-  for (int64_t i = 0; i < p.Tq; ++i) {
-    int64_t hi = p.Tk - 1;
-    if (p.causal) hi = std::min(hi, i + off);
-    int64_t lo = 0;
-    if (p.window > 0) lo = std::max<int64_t>(0, i + off - p.window + 1);
-    if (hi >= lo) total += double(hi - lo + 1);
-  }
-  return total;
-}
-
 gqattn::Problem make(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t d,
                      bool causal, int64_t window, float softcap) {
   gqattn::Problem p;
@@ -160,7 +146,7 @@ struct Settings {
 };
 
 void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream) {
-  const double pairs = kept_pairs(p);
+  const double pairs = double(p.kept_pairs());  // exact, DESIGN §1
   const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
   std::string line;
   append(line,

@@ -53,15 +53,19 @@ struct Problem {
   std::optional<float> scale;  // default 1/sqrt(d)
 
   float effective_scale() const;
+  // (query, key) pairs that the mask keeps in one (batch, head), exactly
+  // (docs/semantics.md): the FLOP count of a pass is proportional to it.
+  int64_t kept_pairs() const;
 };
 
 struct Options {
   Backend backend = Backend::Auto;
   void* stream = nullptr;  // cudaStream_t for CUDA backends; ignored on the CPU
   // Same bits on every run (the default). false permits a faster
-  // non-deterministic path where a backend has one (e.g. cuda-flash's
-  // backward then adds the dQ partials with atomics in hardware order,
-  // docs/flash.md): results stay within the same tolerances but may differ
+  // non-deterministic path where a backend has one (cuda-flash's backward
+  // then adds the dQ partials with atomics in hardware order, docs/flash.md;
+  // cuda-hopper's fused dQ drops the semaphores that order its adds,
+  // docs/hopper.md): results stay within the same tolerances but may differ
   // in the last bits from run to run. Backends and passes without such a
   // path ignore it and stay deterministic.
   bool deterministic = true;

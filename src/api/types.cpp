@@ -1,4 +1,5 @@
 // Small helpers of the public types (types.hpp, dtype.hpp).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -9,6 +10,33 @@ namespace gqattn {
 
 float Problem::effective_scale() const {
   return scale ? *scale : 1.0f / std::sqrt(static_cast<float>(d));
+}
+
+namespace {
+// sum_{x=1..n} min(x, cap), for n >= 0 and cap >= 1.
+int64_t sum_min(int64_t n, int64_t cap) {
+  if (n <= cap) return n * (n + 1) / 2;
+  return cap * (cap + 1) / 2 + (n - cap) * cap;
+}
+// sum_{x=a..b} clamp(x, 0, cap): terms x <= 0 count 0.
+int64_t sum_clamped(int64_t a, int64_t b, int64_t cap) {
+  if (b < 1) return 0;
+  return sum_min(b, cap) - sum_min(std::max<int64_t>(a - 1, 0), cap);
+}
+}  // namespace
+
+// Row i keeps keys [lo(i), hi(i)] with off = Tk - Tq (bottom-right aligned):
+// hi = i + off under causal (never above Tk - 1, since i < Tq), else Tk - 1;
+// lo = max(0, i + off - window + 1) with a window, else 0. So a causal row
+// keeps clamp(i + off + 1, 0, window) keys, x = i + off + 1 running over
+// off + 1 .. Tk; a non-causal windowed row keeps min(Tk, window + Tq - 1 - i)
+// (at least 1). tests/cpu/test_validation.cpp checks it against the
+// row-by-row count.
+int64_t Problem::kept_pairs() const {
+  const int64_t off = Tk - Tq;
+  if (causal) return sum_clamped(off + 1, Tk, window > 0 ? window : Tk);
+  if (window <= 0) return Tq * Tk;
+  return sum_clamped(window, window + Tq - 1, Tk);
 }
 
 TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2) {

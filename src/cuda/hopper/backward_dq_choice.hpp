@@ -18,7 +18,6 @@
 // waits weigh more.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -32,19 +31,6 @@ namespace gqattn::hopper::bwd {
 
 // Mean kept keys per query row from which the fused path is taken.
 constexpr int64_t kFusedDqMinKeysPerRow = 8192;
-
-// Kept (query, key) pairs of the mask (semantics.md: bottom-right aligned
-// causal, window counted back from the diagonal).
-inline int64_t kept_pairs(const Problem& p) {
-  const int64_t off = p.Tk - p.Tq;
-  int64_t total = 0;
-  for (int64_t i = 0; i < p.Tq; ++i) {
-    const int64_t hi = p.causal ? std::min(p.Tk - 1, i + off) : p.Tk - 1;
-    const int64_t lo = p.window > 0 ? std::max<int64_t>(0, i + off - p.window + 1) : 0;
-    total += std::max<int64_t>(0, hi - lo + 1);
-  }
-  return total;
-}
 
 // True: fused dQ; false: the separate dQ kernel. GQATTN_HOPPER_DQ=fused or
 // =separate overrides the rule (a testing and benchmarking switch, not a
@@ -65,7 +51,7 @@ inline bool use_fused_dq(const Problem& p) {
     throw Error(std::string(kVar) + " = '" + env + "'", "must be fused or separate (or unset)");
   }
   if (!supported) return false;
-  return p.softcap > 0 || kept_pairs(p) >= kFusedDqMinKeysPerRow * p.Tq;
+  return p.softcap > 0 || p.kept_pairs() >= kFusedDqMinKeysPerRow * p.Tq;
 }
 
 }  // namespace gqattn::hopper::bwd

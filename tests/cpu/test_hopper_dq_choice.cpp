@@ -1,0 +1,93 @@
+// cuda-hopper's choice of dQ path (src/cuda/hopper/backward_dq_choice.hpp,
+// host code, so it is checked here, without a GPU): the measured rule
+// (fused under softcap and from 8192 kept keys per query row on, only for
+// d <= 128) and the GQATTN_HOPPER_DQ switch, including its errors.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "cuda/hopper/backward_dq_choice.hpp"
+#include "gqattn/error.hpp"
+#include "gqattn/types.hpp"
+
+namespace {
+
+using gqattn::hopper::bwd::use_fused_dq;
+
+gqattn::Problem problem(int64_t T, int64_t d, bool causal, int64_t window, float softcap) {
+  gqattn::Problem p;
+  p.B = 1;
+  p.Tq = p.Tk = T;
+  p.H = 8;
+  p.Hkv = 2;
+  p.d = d;
+  p.causal = causal;
+  p.window = window;
+  p.softcap = softcap;
+  return p;
+}
+
+// Sets GQATTN_HOPPER_DQ for the scope (null: unset), then unsets it.
+class DqSwitch {
+ public:
+  explicit DqSwitch(const char* value) {
+    if (value != nullptr)
+      setenv("GQATTN_HOPPER_DQ", value, 1);
+    else
+      unsetenv("GQATTN_HOPPER_DQ");
+  }
+  ~DqSwitch() { unsetenv("GQATTN_HOPPER_DQ"); }
+  DqSwitch(const DqSwitch&) = delete;
+  DqSwitch& operator=(const DqSwitch&) = delete;
+};
+
+TEST(HopperDqChoice, RuleFollowsKeysPerRowAndSoftcap) {
+  const DqSwitch unset(nullptr);
+  EXPECT_TRUE(use_fused_dq(problem(16384, 128, true, 0, 0.0f)));   // 8192.5 keys per row
+  EXPECT_FALSE(use_fused_dq(problem(16382, 128, true, 0, 0.0f)));  // 8191.5
+  EXPECT_FALSE(use_fused_dq(problem(4096, 128, true, 0, 0.0f)));
+  EXPECT_FALSE(use_fused_dq(problem(4096, 128, false, 0, 0.0f)));  // 4096
+  EXPECT_TRUE(use_fused_dq(problem(8192, 64, false, 0, 0.0f)));    // 8192
+  EXPECT_FALSE(use_fused_dq(problem(16384, 128, true, 1024, 0.0f)));
+  EXPECT_TRUE(use_fused_dq(problem(100, 128, true, 0, 30.0f)));  // softcap
+  // d = 256 has no fused path, whatever the shape.
+  EXPECT_FALSE(use_fused_dq(problem(16384, 256, true, 0, 0.0f)));
+  EXPECT_FALSE(use_fused_dq(problem(100, 256, true, 0, 30.0f)));
+}
+
+TEST(HopperDqChoice, SwitchForcesEitherPath) {
+  {
+    const DqSwitch fused("fused");
+    EXPECT_TRUE(use_fused_dq(problem(100, 64, false, 0, 0.0f)));
+  }
+  {
+    const DqSwitch separate("separate");
+    EXPECT_FALSE(use_fused_dq(problem(16384, 128, true, 0, 30.0f)));
+  }
+}
+
+TEST(HopperDqChoice, SwitchErrorsNameTheSwitchAndTheRule) {
+  {
+    const DqSwitch fused("fused");
+    try {
+      use_fused_dq(problem(100, 256, true, 0, 0.0f));
+      FAIL() << "fused accepted at d = 256";
+    } catch (const gqattn::Error& e) {
+      EXPECT_EQ(e.argument(), "GQATTN_HOPPER_DQ = fused");
+      EXPECT_NE(e.rule().find("needs d <= 128 (got d=256)"), std::string::npos) << e.what();
+    }
+  }
+  {
+    const DqSwitch typo("fuse");
+    try {
+      use_fused_dq(problem(100, 128, true, 0, 0.0f));
+      FAIL() << "an unknown value was accepted";
+    } catch (const gqattn::Error& e) {
+      EXPECT_EQ(e.argument(), "GQATTN_HOPPER_DQ = 'fuse'");
+      EXPECT_NE(e.rule().find("must be fused or separate"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
