@@ -155,7 +155,13 @@ std::vector<BackwardCase> fused_dq_cases() {
   return out;
 }
 
-gqattn::check::Report run_forced(const BackwardCase& c, const char* dq_path, bool deterministic) {
+// Runs case `c` down dQ path `dq_path` (GQATTN_HOPPER_DQ) with
+// Options::deterministic = `deterministic` and expects it to pass the
+// oracle (and, when deterministic, the bitwise rerun); skips, saying why,
+// where cuda-hopper's backward cannot run.
+void expect_path_passes(const BackwardCase& c, const char* dq_path, bool deterministic) {
+  const std::string why = why_not_backward(c.problem, c.dtype);
+  if (!why.empty()) GTEST_SKIP() << why;
   const gqattn::test::ScopedEnv path("GQATTN_HOPPER_DQ", dq_path);
   gqattn::check::Config config;
   config.problem = c.problem;
@@ -165,44 +171,24 @@ gqattn::check::Report run_forced(const BackwardCase& c, const char* dq_path, boo
   config.backward = true;
   config.deterministic = deterministic;
   config.padded_strides = c.padded;
-  return gqattn::check::run(config);
+  const gqattn::check::Report report = gqattn::check::run(config);
+  EXPECT_TRUE(report.ran) << report.skipped;
+  EXPECT_TRUE(report.backward_skipped.empty()) << report.backward_skipped;
+  EXPECT_TRUE(report.pass) << describe(report);
 }
 
 class HopperBackwardDqPaths : public ::testing::TestWithParam<BackwardCase> {};
 
-// Fused dQ with its semaphore-ordered adds: oracle and bitwise rerun.
-TEST_P(HopperBackwardDqPaths, FusedOrdered) {
-  const BackwardCase& c = GetParam();
-  const std::string why = why_not_backward(c.problem, c.dtype);
-  if (!why.empty()) GTEST_SKIP() << why;
-  const gqattn::check::Report report = run_forced(c, "fused", true);
-  EXPECT_TRUE(report.ran) << report.skipped;
-  EXPECT_TRUE(report.backward_skipped.empty()) << report.backward_skipped;
-  EXPECT_TRUE(report.pass) << describe(report);
-}
+// Fused dQ with its semaphore-ordered adds.
+TEST_P(HopperBackwardDqPaths, FusedOrdered) { expect_path_passes(GetParam(), "fused", true); }
 
-// The separate dQ kernel: oracle and bitwise rerun.
-TEST_P(HopperBackwardDqPaths, Separate) {
-  const BackwardCase& c = GetParam();
-  const std::string why = why_not_backward(c.problem, c.dtype);
-  if (!why.empty()) GTEST_SKIP() << why;
-  const gqattn::check::Report report = run_forced(c, "separate", true);
-  EXPECT_TRUE(report.ran) << report.skipped;
-  EXPECT_TRUE(report.pass) << describe(report);
-}
+// The separate dQ kernel.
+TEST_P(HopperBackwardDqPaths, Separate) { expect_path_passes(GetParam(), "separate", true); }
 
 // Options::deterministic = false: the fused dQ adds its partials in
-// whatever order they arrive (no semaphores). Same oracle and tolerances;
-// the bitwise rerun does not apply.
-TEST_P(HopperBackwardDqPaths, FusedUnordered) {
-  const BackwardCase& c = GetParam();
-  const std::string why = why_not_backward(c.problem, c.dtype);
-  if (!why.empty()) GTEST_SKIP() << why;
-  const gqattn::check::Report report = run_forced(c, "fused", false);
-  EXPECT_TRUE(report.ran) << report.skipped;
-  EXPECT_TRUE(report.backward_skipped.empty()) << report.backward_skipped;
-  EXPECT_TRUE(report.pass) << describe(report);
-}
+// whatever order they arrive (no semaphores); the bitwise rerun does not
+// apply.
+TEST_P(HopperBackwardDqPaths, FusedUnordered) { expect_path_passes(GetParam(), "fused", false); }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardDqPaths, ::testing::ValuesIn(fused_dq_cases()),
                          case_name);

@@ -25,37 +25,30 @@ def regs(first, count):
     return ", ".join(f"%{first + i}" for i in range(count))
 
 
-def ss(n, ctype, ptype):
+def smem_smem(n, ptype, name, major, trans):
+    """Both operands from shared memory; `trans` is imm-trans-a = imm-trans-b."""
     acc = n // 2
-    return f"""template <>
-struct Wgmma<{n}, {ctype}> {{
-  // D(64 x {n}) (+)= A(64 x 16, smem, K-major) * B(16 x {n}, smem, K-major).
-  __device__ __forceinline__ static void ss(float (&d)[{n // 8}][4], uint64_t desc_a,
-                                            uint64_t desc_b, int accumulate) {{
+    pad = " " * len(name)  # aligns the second parameter line under the first
+    note = "" if trans == 0 else "\n  // (imm-trans-a = imm-trans-b = 1)"
+    return f"""  // D(64 x {n}) (+)= A(64 x 16, smem, {major}) * B(16 x {n}, smem, {major}){note}.
+  __device__ __forceinline__ static void {name}(float (&d)[{n // 8}][4], uint64_t desc_a,
+                                          {pad}uint64_t desc_b, int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-        "{{{regs(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+        "{{{regs(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, {trans}, {trans};\\n}}\\n"
         : {operands(n)}
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
   }}
 """
+
+
+def ss(n, ctype, ptype):
+    return f"template <>\nstruct Wgmma<{n}, {ctype}> {{\n" + smem_smem(n, ptype, "ss", "K-major", 0)
 
 
 def ss_mn(n, ptype):
-    acc = n // 2
-    return f"""  // D(64 x {n}) (+)= A(64 x 16, smem, MN-major) * B(16 x {n}, smem, MN-major)
-  // (imm-trans-a = imm-trans-b = 1).
-  __device__ __forceinline__ static void ss_mn(float (&d)[{n // 8}][4], uint64_t desc_a,
-                                               uint64_t desc_b, int accumulate) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-        "{{{regs(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, 1, 1;\\n}}\\n"
-        : {operands(n)}
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  }}
-"""
+    return smem_smem(n, ptype, "ss_mn", "MN-major", 1)
 
 
 def rs(n, ptype):
