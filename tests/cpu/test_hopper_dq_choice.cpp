@@ -4,12 +4,12 @@
 // d <= 128) and the GQATTN_HOPPER_DQ switch, including its errors.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "cuda/hopper/backward_dq_choice.hpp"
 #include "gqattn/error.hpp"
 #include "gqattn/types.hpp"
+#include "scoped_env.hpp"
 
 namespace {
 
@@ -28,18 +28,10 @@ gqattn::Problem problem(int64_t T, int64_t d, bool causal, int64_t window, float
   return p;
 }
 
-// Sets GQATTN_HOPPER_DQ for the scope (null: unset), then unsets it.
-class DqSwitch {
+// GQATTN_HOPPER_DQ = `value` (null: unset) for the scope.
+class DqSwitch : public gqattn::test::ScopedEnv {
  public:
-  explicit DqSwitch(const char* value) {
-    if (value != nullptr)
-      setenv("GQATTN_HOPPER_DQ", value, 1);
-    else
-      unsetenv("GQATTN_HOPPER_DQ");
-  }
-  ~DqSwitch() { unsetenv("GQATTN_HOPPER_DQ"); }
-  DqSwitch(const DqSwitch&) = delete;
-  DqSwitch& operator=(const DqSwitch&) = delete;
+  explicit DqSwitch(const char* value) : ScopedEnv("GQATTN_HOPPER_DQ", value) {}
 };
 
 TEST(HopperDqChoice, RuleFollowsKeysPerRowAndSoftcap) {

@@ -1,6 +1,6 @@
 // Generic helpers for GPU tests: the skip rule, RAII device buffers, upload
-// and download, NaN poisoning, and scoped environment variables (the
-// backends' benchmarking switches). Header-only; every GPU test may use it.
+// and download, NaN poisoning (and, from scoped_env.hpp, scoped environment
+// variables). Header-only; every GPU test may use it.
 //
 // Every GPU test starts with GQATTN_SKIP_WITHOUT_CUDA(), so on a machine
 // without a usable device (and in a build without CUDA) the whole suite
@@ -9,40 +9,12 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "gqattn/attention.hpp"
+#include "scoped_env.hpp"
 
 namespace gqattn::test {
-
-// Sets an environment variable (or unsets it, with value null) for the
-// object's lifetime; the previous value is restored afterwards.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_old_ = old != nullptr;
-    if (had_old_) old_ = old;
-    if (value != nullptr)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_old_)
-      setenv(name_.c_str(), old_.c_str(), 1);
-    else
-      unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  bool had_old_ = false;
-  std::string old_;
-};
 
 // "" when a CUDA device is visible to this process, else why not (without
 // the "no CUDA device: " that the skip message puts in front).
