@@ -8,9 +8,10 @@
 //
 //   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads K, V once, then
 //     per step Q, dO (TMA) and lse2, D (bulk copy) into a kStages-slot ring;
-//     with the fused dQ, thread 32 reduce-adds each step's staged dQ
-//     partial into the f32 accumulator (dkdv_write_dq: ordered by
-//     semaphores unless the caller allows non-determinism);
+//     with the fused dQ, lane 0 of warps 1 .. kDqWriters (alternate steps)
+//     reduce-add each step's staged dQ partial into the f32 accumulator
+//     (dkdv_write_dq: ordered by semaphores unless the caller allows
+//     non-determinism);
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each (d 256: the
 //     same 64 keys, half of d each), per step
 //     S^T = K Q^T, dP^T = V dO^T        (wgmma SS, N = 64 queries)
@@ -20,7 +21,8 @@
 //                                         the accumulators; dO, Q MN-major)
 //     fused dQ: dS^T to shared memory; once both warpgroups have written
 //     theirs (named barrier), dQ_part = dS K (wgmma SS, both operands
-//     MN-major), half of d per warpgroup, staged in shared memory;
+//     MN-major, issued before dK's), half of d per warpgroup, staged in
+//     shared memory while dK's wgmma runs;
 //   then dK *= scale and plain stores of the rows < Tk.
 //
 // Barriers (DkdvSmem): kv_full (count 1, phase 0 only); per slot s full[s]
@@ -28,9 +30,10 @@
 // empty[s] (count 8: lane 0 of every consumer warp after the step's last
 // wgmma has completed). Step t uses slot t % S with parity (t / S) & 1 (S = kStages); the
 // producer waits empty with the opposite parity (its first pass through the
-// ring does not block). Fused dQ: dq_full (count 8, consumer warps, parity
-// t & 1 for the writer) and dq_empty (count 1, the writer; the consumers
-// wait parity (t & 1) ^ 1 before staging step t). Producer, writer and
+// ring does not block). Fused dQ: dq_full[t % kDqWriters] (count 8,
+// consumer warps; its writer waits parity (t / kDqWriters) & 1) and one
+// dq_empty (count 1, whichever writer read step t; the consumers wait parity
+// (t & 1) ^ 1 before staging step t). Producer, writer and
 // consumers derive the same steps from the same MaskPolicy; with no step,
 // nothing is loaded or waited for and zeros are stored. Shared memory is
 // written by TMA/bulk copies (async proxy) and read by wgmma (async proxy)
@@ -135,47 +138,66 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
   }
 }
 
-// Fused dQ: run by one thread (warp 1 of the producer warpgroup). Per step,
-// once both consumer warpgroups have staged their partial (dq_full), it
+// Fused dQ: run by kDqWriters threads of the producer warpgroup. Per step,
+// once both consumer warpgroups have staged their partial (dq_full), one
 // reduce-adds the staged block into the accumulator and frees the staging
 // (dq_empty). Ordered (p.dq_semaphores set): the key tiles that visit a
 // query tile form an interval [first, last] of tile indices (the mask's
-// bounds are monotone), and they add lowest first: key tile n waits until
-// the block's semaphore reads n - first (the number of lower tiles that have
-// added), adds, waits for the add to complete, then increments it. Key
+// bounds are monotone), and they add lowest first: key tile first stores
+// (so the accumulator needs no zeroing), key tile n > first waits until the
+// block's semaphore reads n - first (the number of lower tiles that have
+// added) and adds; each frees the staging once the copy has read it, waits
+// for its write to complete, then increments the semaphore. Key
 // tiles walk the query tiles last first (DkdvWork), so a lower key tile
 // reaches a (query tile, head) no later than a higher one: the CTAs that
 // start together queue once, by one add's latency each, and then keep that
 // offset. The same adds in the same order on every run: dq is bitwise
 // reproducible.
+// Writer `writer` (of kDqWriters) takes the steps t = writer mod
+// kDqWriters, each announced on its own dq_full barrier (phase t /
+// kDqWriters); the staging is one buffer, so the writers' reads, and their
+// dq_empty arrivals, come in step order.
 template <int kD>
 __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const DkdvWork& w,
-                                              const flash::MaskPolicy& mask, uint32_t smem) {
+                                              const flash::MaskPolicy& mask, uint32_t smem,
+                                              int writer) {
   using Tile = DkdvTile<kD>;
   using L = DkdvSmem<kD, true>;
   constexpr int kBM = Tile::kBlockM;
-  for (int t = 0; t < w.steps; ++t) {
+  const uint32_t full = smem + L::kDqFull + uint32_t(writer) * L::kBarrierBytes;
+  for (int t = writer; t < w.steps; t += kDqWriters) {
     const int m0 = w.m0(t, kBM);
     const int64_t block = dq_accum_block(w.b, w.head(t), m0 / kBM, p.c.H, p.c.tq_padded, kBM);
+    float* dst = p.dq_accum + block * (int64_t(kBM) * kD);
     int* sem = p.dq_semaphores != nullptr ? p.dq_semaphores + block : nullptr;
-    ptx::mbar_wait(smem + L::kDqFull, uint32_t(t & 1));
+    ptx::mbar_wait(full, uint32_t((t / kDqWriters) & 1));
     if (sem != nullptr) {
+      // Ordered: the key tile of rank 0 (the first that visits this query
+      // tile) stores, which is why the accumulator is not zeroed in this
+      // mode; rank r adds once rank r - 1's add has completed.
       const int first = mask.key_blocks(m0, min(kBM, mask.tq - m0), Tile::kBlockN).first;
       const int rank = w.n_block - first;
-      while (ptx::ld_acquire_gpu(sem) != rank) __nanosleep(kDqSpinNs);
-      ptx::fence_proxy_async_global();
+      if (rank == 0) {
+        ptx::bulk_store(dst, smem + L::kDqStage, L::kDqStageBytes);
+      } else {
+        while (ptx::ld_acquire_gpu(sem) != rank) __nanosleep(kDqSpinNs);
+        ptx::fence_proxy_async_global();
+        ptx::bulk_reduce_add_f32(dst, smem + L::kDqStage, L::kDqStageBytes);
+      }
+    } else {
+      ptx::bulk_reduce_add_f32(dst, smem + L::kDqStage, L::kDqStageBytes);
     }
-    ptx::bulk_reduce_add_f32(p.dq_accum + block * (int64_t(kBM) * kD), smem + L::kDqStage,
-                             L::kDqStageBytes);
     ptx::bulk_commit();
+    // The staging buffer is free once read: the consumers may stage the
+    // next step while this add travels to L2 (an ordered add's completion
+    // takes longer than a step's matrix products).
+    ptx::bulk_wait_read_all();
+    ptx::mbar_arrive(smem + L::kDqEmpty);
     if (sem != nullptr) {
       ptx::bulk_wait_all();
       ptx::fence_proxy_async_global();
       ptx::red_release_gpu_add(sem, 1);
-    } else {
-      ptx::bulk_wait_read_all();
     }
-    ptx::mbar_arrive(smem + L::kDqEmpty);
   }
   ptx::bulk_wait_all();
 }
@@ -322,12 +344,15 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
 #pragma unroll
     for (int kk = 0; kk < kStepsM; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
     ptx::pin(dsa);
+    [[maybe_unused]] float dq[kDqCols / 8][4];
+    [[maybe_unused]] const uint32_t ds_buf = smem + L::kDs + uint32_t(t & 1) * L::kDsBytes;
     if constexpr (kFusedDq) {
-      // This warpgroup's dS^T rows into the step's dS buffer, for dQ = dS K
-      // below; written before dK's wgmma reads dsa, fenced for the async
-      // proxy (wgmma) that reads the buffer.
-      store_ds_rows(smem + L::kDs + uint32_t(t & 1) * L::kDsBytes + wg_rows, dsa, warp, lane);
+      // This warpgroup's dS^T rows into the step's dS buffer, fenced for the
+      // async proxy (wgmma) that reads it; once both warpgroups have written
+      // theirs, dQ's wgmma may start.
+      store_ds_rows(ds_buf + wg_rows, dsa, warp, lane);
       ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(kDsReadyBarrier, kBwdConsumerWarpgroups * kWarpgroupThreads);
     }
     ptx::wgmma_fence();
     if constexpr (!kBwdOverlapDv) {
@@ -335,36 +360,32 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       for (int kk = 0; kk < kStepsM; ++kk)
         ptx::Wgmma<kDW, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile + wg_cols, kk), 1);
     }
-#pragma unroll
-    for (int kk = 0; kk < kStepsM; ++kk)
-      ptx::Wgmma<kDW, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile + wg_cols, kk), 1);
-    ptx::wgmma_commit();
     if constexpr (kFusedDq) {
-      // dQ partial of the step's 64 queries: dS (both warpgroups' keys,
-      // once both have written their rows) times K, this warpgroup's
-      // columns; A is the dS buffer and B the K tile, both MN-major.
-      ptx::named_barrier_sync(kDsReadyBarrier, kBwdConsumerWarpgroups * kWarpgroupThreads);
-      const uint32_t ds_buf = smem + L::kDs + uint32_t(t & 1) * L::kDsBytes;
-      float dq[kDqCols / 8][4];
-      ptx::wgmma_fence();
+      // dQ partial of the step's 64 queries before dK, so that it is staged
+      // while dK's wgmma runs: dS (both warpgroups' keys) times K, this
+      // warpgroup's columns; A is the dS buffer and B the K tile, both
+      // MN-major.
 #pragma unroll
       for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
         ptx::Wgmma<kDqCols, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk),
                                          mn_major<kBN>(k_dq_cols, kk), kk > 0);
       ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
+    }
+#pragma unroll
+    for (int kk = 0; kk < kStepsM; ++kk)
+      ptx::Wgmma<kDW, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile + wg_cols, kk), 1);
+    ptx::wgmma_commit();
+    if constexpr (kFusedDq) {
+      // The dV and dQ groups have completed; dK's may still run.
+      ptx::wgmma_wait<1>();
       ptx::pin(dq);
-      ptx::pin(dv);
-      ptx::pin(dk);
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
       // Stage the partial once the writer has read the previous step's.
       ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
       stage_dq<kDqCols>(smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / 2), dq);
       ptx::fence_proxy_async_shared();
       __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull);
-      continue;
+      if (lane == 0)
+        ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
     }
     ptx::wgmma_wait<0>();
     ptx::pin(dv);
@@ -404,7 +425,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       ptx::mbar_init(smem + L::kEmpty + uint32_t(s) * L::kBarrierBytes, kEmptyArrivals);
     }
     if constexpr (kFusedDq) {
-      ptx::mbar_init(smem + L::kDqFull, kBwdConsumerWarps);
+#pragma unroll
+      for (int i = 0; i < kDqWriters; ++i)
+        ptx::mbar_init(smem + L::kDqFull + uint32_t(i) * L::kBarrierBytes, kBwdConsumerWarps);
       ptx::mbar_init(smem + L::kDqEmpty, 1);
     }
     ptx::mbar_init_fence();
@@ -417,8 +440,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kBwdProducerRegisters>();
     if (threadIdx.x == 0) dkdv_produce<kD, kFusedDq>(p, w, smem);
-    if constexpr (kFusedDq)
-      if (threadIdx.x == kWarpSize) dkdv_write_dq<kD>(p, w, mask, smem);
+    // Writers: lane 0 of warps 1 .. kDqWriters (warp 0 is the producer's).
+    if constexpr (kFusedDq) {
+      static_assert(kDqWriters >= 1 && kDqWriters < kWarpgroupThreads / kWarpSize,
+                    "one producer-warpgroup warp per dQ writer");
+      const int warp = int(threadIdx.x) / kWarpSize;
+      if (threadIdx.x % kWarpSize == 0 && warp >= 1 && warp <= kDqWriters)
+        dkdv_write_dq<kD>(p, w, mask, smem, warp - 1);
+    }
     return;
   }
   ptx::setmaxnreg_inc<kBwdConsumerRegisters>();

@@ -1,12 +1,14 @@
 // cuda-hopper: the fused dQ's last kernel: dq = scale * the f32 accumulator
 // the dK/dV kernel reduce-added into (backward_params.hpp dq_accum_block and
 // the staging order of backward_dq_fused.cuh), in the 16-bit output type,
-// rows < Tq only. Query tiles no key tile visits were zeroed and give 0.
+// rows < Tq only. Query tiles no key tile visits give 0 without reading the
+// accumulator (the ordered mode does not zero it).
 // Checked by tests/gpu/test_hopper_backward.cpp.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_params.hpp"
 
@@ -36,7 +38,13 @@ __global__ void __launch_bounds__(kDqConvertThreads)
   const int col = part * kCols + nb * flash::kMmaN + flash::frag_col(lane);
   const int64_t bh = block / tiles;
   const int64_t b = bh / c.H, h = bh % c.H;
-  const float4 v = reinterpret_cast<const float4*>(p.dq_accum)[idx];
+  const int m0 = int(block % tiles) * kBM;
+  if (m0 >= c.mask.tq) return;  // a padding tile: no row to write
+  const flash::MaskPolicy mask(c.mask);
+  const flash::BlockRange keys = mask.key_blocks(m0, min(kBM, c.mask.tq - m0), Tile::kBlockN);
+  const bool visited = keys.last >= keys.first;
+  const float4 v =
+      visited ? reinterpret_cast<const float4*>(p.dq_accum)[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
   Elem* out = static_cast<Elem*>(c.dq) + b * c.dq_stride.batch + h * c.dq_stride.head + col;
   const float scale = c.score.scale;
   if (row < c.mask.tq)

@@ -99,13 +99,13 @@ struct DkdvSmem {
   static constexpr uint32_t kBarriers = kDsum + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarrierBytes = 8;
   // kv_full, then per stage full (Q, dO, lse2, D landed) and empty
-  // (released), then dq_full (the consumers staged a partial) and dq_empty
-  // (the writer has read it).
+  // (released), then per dQ writer dq_full (the consumers staged a partial
+  // of one of its steps) and one dq_empty (a writer has read the staging).
   static constexpr uint32_t kKVFull = kBarriers;
   static constexpr uint32_t kFull = kKVFull + kBarrierBytes;
   static constexpr uint32_t kEmpty = kFull + Tile::kStages * kBarrierBytes;
-  static constexpr uint32_t kDqFull = kEmpty + Tile::kStages * kBarrierBytes;
-  static constexpr uint32_t kDqEmpty = kDqFull + kBarrierBytes;
+  static constexpr uint32_t kDqFull = kEmpty + Tile::kStages * kBarrierBytes;  // writer i: + i
+  static constexpr uint32_t kDqEmpty = kDqFull + kDqWriters * kBarrierBytes;
   static constexpr uint32_t kEnd = kDqEmpty + kBarrierBytes;
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
   // Bytes the producer announces on a stage's full barrier.

@@ -32,13 +32,20 @@ constexpr int kBwdRingStagesShallow = 2;
 // dS K (the fifth GEMM; dS through shared memory) and reduce-adds it into an
 // f32 accumulator by bulk copy, instead of the separate dQ kernel that
 // recomputes S and dP (seven GEMMs in all). Deterministic by default: the
-// adds into one query tile are ordered by a semaphore, highest key tile
+// adds into one query tile are ordered by a semaphore, lowest key tile
 // first (backward_dkdv_kernel.cuh); unordered only when the caller allows a
 // non-deterministic result (Options::deterministic = false). d = 256 keeps
 // the separate kernel (its dK, dV halves leave no registers for a dQ
 // accumulator). Off: the separate dQ kernel for every d (and the fused
 // kernels are not compiled).
 constexpr bool kBwdFusedDq = true;
+// Fused dQ: threads of the producer warpgroup that move the staged partials
+// to the accumulator, writer i taking the steps t = i mod kDqWriters. An
+// ordered add must complete before the next key tile may add to the same
+// query tile, and that takes longer than a step's matrix products; with two
+// writers one waits for its add while the other issues the next. 1: one
+// writer does every step.
+constexpr int kDqWriters = 2;
 
 // d = 256: dK, dV (and dQ) of 64 rows would need 2 x 128 f32 registers per
 // thread, so both consumer warpgroups own the SAME 64 rows and split d:

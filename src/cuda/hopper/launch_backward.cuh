@@ -2,8 +2,8 @@
 // kernel (lse2, D into the workspace; reused as is), then the dK/dV kernel
 // (one CTA per key tile, kv head, batch), then either the dQ kernel (one CTA
 // per query tile, head, batch) or, with the fused dQ (d <= 128), the
-// conversion of the accumulator the dK/dV kernel added into (zeroed first,
-// with the semaphores) when the caller set p.dq_accum, all on the caller's
+// conversion of the accumulator the dK/dV kernel added into when the caller
+// set p.dq_accum, all on the caller's
 // stream, 1-D grids.
 // Instantiated per head dimension by launch_backward_d*.cu. Checked through
 // tests/gpu/test_hopper_backward.cpp.
@@ -32,16 +32,19 @@ void launch_dkdv(const BackwardParams& p, cudaStream_t stream) {
   cuda::check_launch("cuda-hopper backward_dkdv_kernel");
 }
 
-// Fused dQ: zero the accumulator (and the semaphores), the dK/dV kernel
-// that adds into it, then dq = scale * accumulator.
+// Fused dQ: zero the semaphores (ordered) or the accumulator (unordered:
+// every key tile adds; ordered, the first key tile of a query tile stores),
+// the dK/dV kernel that adds into it, then dq = scale * accumulator.
 template <int kD, typename Elem, bool kSoftcap>
 void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
-  const std::size_t floats = fused_dq_accum_floats(p.c.B, p.c.H, p.c.tq_padded, kD);
-  GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, floats * sizeof(float), stream));
-  if (p.dq_semaphores != nullptr)
+  if (p.dq_semaphores != nullptr) {
     GQATTN_CUDA_CHECK(
         cudaMemsetAsync(p.dq_semaphores, 0,
                         fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
+  } else {
+    const std::size_t floats = fused_dq_accum_floats(p.c.B, p.c.H, p.c.tq_padded, kD);
+    GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, floats * sizeof(float), stream));
+  }
   launch_dkdv<kD, Elem, kSoftcap, true>(p, stream);
   const int blocks = int(dq_convert_blocks(p.c.B, p.c.H, p.c.tq_padded, kD));
   backward_dq_convert_kernel<kD, Elem><<<blocks, kDqConvertThreads, 0, stream>>>(p);

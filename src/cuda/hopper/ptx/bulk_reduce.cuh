@@ -1,5 +1,6 @@
-// cuda-hopper: the 1-D bulk reduce-add shared -> global (PTX ISA
-// "cp.reduce.async.bulk", sm_90) with its bulk-group completion, the proxy
+// cuda-hopper: the 1-D bulk reduce-add and bulk store shared -> global (PTX
+// ISA "cp.reduce.async.bulk", "cp.async.bulk", sm_90) with their bulk-group
+// completion, the proxy
 // fences that order ordinary memory accesses against it, and the gpu-scope
 // acquire load / release add of the semaphores that order the adds of the
 // fused dQ (backward_dkdv_kernel.cuh). Checked by compiling for sm_90a and by
@@ -20,6 +21,16 @@ namespace gqattn::hopper::ptx {
 // (shared); tracked by the issuing thread's bulk async-group.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+
+// dst[i] = src[i] for the bytes / 4 floats: the same transfer as
+// bulk_reduce_add_f32 without reading dst (the first of an ordered series of
+// adds, so the destination needs no zeroing); same bulk async-group.
+__device__ __forceinline__ void bulk_store(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
                    reinterpret_cast<uint64_t>(dst)),
                "r"(src), "r"(bytes)
                : "memory");
