@@ -11,11 +11,17 @@
 //
 //   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
-//                [--no-backward] [--nondeterministic]
+//                [--no-backward] [--nondeterministic] [--release-workspace]
 //
 // --nondeterministic passes Options::deterministic = false (cuda-flash's
 // backward then adds dQ with atomics); each line says which in
 // "deterministic".
+// --release-workspace calls gqattn::release_workspace_memory() after every
+// timed call's synchronisation (outside the timed window, and once after the
+// warm-up), so every timed call maps its workspace afresh, as every call
+// after a synchronisation did before the library kept a pool of its own:
+// an A/B of the retained workspace in one run. Each line says which in
+// "release_workspace".
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -142,7 +148,8 @@ struct Settings {
   int warmup = kDefaultWarmup;
   int repeats = kDefaultRepeats;
   bool backward = true;
-  bool deterministic = true;  // Options::deterministic
+  bool deterministic = true;       // Options::deterministic
+  bool release_workspace = false;  // release_workspace_memory() after each timed call
 };
 
 void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream) {
@@ -150,13 +157,14 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
   const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
   std::string line;
   append(line,
-         "{\"backend\": \"%s\", \"deterministic\": %s, \"dtype\": \"%s\", \"B\": %lld, "
-         "\"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, \"Hkv\": %lld, \"d\": %lld, \"causal\": %d, "
-         "\"window\": %lld, \"softcap\": %g, \"kept_pairs\": %.0f",
+         "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
+         "\"dtype\": \"%s\", \"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, "
+         "\"Hkv\": %lld, \"d\": %lld, \"causal\": %d, \"window\": %lld, \"softcap\": %g, "
+         "\"kept_pairs\": %.0f",
          gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
-         gqattn::dtype_name(s.dtype), (long long)p.B, (long long)p.Tq, (long long)p.Tk,
-         (long long)p.H, (long long)p.Hkv, (long long)p.d, int(p.causal), (long long)p.window,
-         double(p.softcap), pairs);
+         s.release_workspace ? "true" : "false", gqattn::dtype_name(s.dtype), (long long)p.B,
+         (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv, (long long)p.d,
+         int(p.causal), (long long)p.window, double(p.softcap), pairs);
 
   const std::size_t elem = gqattn::dtype_size(s.dtype);
   const std::size_t q_elems = std::size_t(p.B * p.Tq * p.H * p.d);
@@ -218,12 +226,18 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
   check(cudaEventCreate(&stop), "event");
   auto time_calls = [&](auto&& call) {
     for (int i = 0; i < s.warmup; ++i) call(all[std::size_t(i % sets)]);
+    if (s.release_workspace) {
+      // The pool releases only frees the host has seen complete.
+      check(cudaStreamSynchronize(stream), "sync");
+      gqattn::release_workspace_memory();
+    }
     std::vector<float> ms;
     for (int i = 0; i < s.repeats; ++i) {
       check(cudaEventRecord(start, stream), "record");
       call(all[std::size_t(i % sets)]);
       check(cudaEventRecord(stop, stream), "record");
       check(cudaEventSynchronize(stop), "sync");
+      if (s.release_workspace) gqattn::release_workspace_memory();
       float t = 0.0f;
       check(cudaEventElapsedTime(&t, start, stop), "elapsed");
       ms.push_back(t);
@@ -300,11 +314,13 @@ int main(int argc, char** argv) {
       settings.backward = false;
     } else if (arg == "--nondeterministic") {
       settings.deterministic = false;
+    } else if (arg == "--release-workspace") {
+      settings.release_workspace = true;
     } else {
       std::fprintf(stderr,
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
                    "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
-                   "[--no-backward] [--nondeterministic]\n");
+                   "[--no-backward] [--nondeterministic] [--release-workspace]\n");
       return 2;
     }
   }

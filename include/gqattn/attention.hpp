@@ -1,4 +1,5 @@
-// gqattn's entry points: forward, backward, explain and build/device info.
+// gqattn's entry points: forward, backward, explain, build/device info and
+// the release of retained CUDA workspace.
 //
 // forward  : o = softmax(mask(softcap(scale * q k^T))) v, and lse (natural log)
 // backward : dq, dk, dv from q, k, v, o, lse and do (the gradient of o)
@@ -65,5 +66,16 @@ struct BuildInfo {
 BuildInfo build_info();
 // CUDA devices visible now; `why_none` says why the list is empty.
 std::vector<CudaDeviceInfo> cuda_devices(std::string* why_none = nullptr);
+
+// The CUDA backends take their per-call workspace from a memory pool of the
+// library's own per device, which keeps up to 1 GiB of freed workspace
+// mapped across synchronisations so that later calls reuse it without
+// mapping it afresh. This returns that memory to the driver, e.g. before a
+// phase that needs it elsewhere (PyTorch's caching allocator does not see
+// it). Workspace freed by calls whose completion the host has not yet
+// observed (by a stream, event or device synchronisation) may stay. A no-op
+// without CUDA or before a CUDA backend allocated workspace; later calls
+// fill the pools again. Throws gqattn::Error if the CUDA runtime fails.
+void release_workspace_memory();
 
 }  // namespace gqattn

@@ -1,4 +1,5 @@
-// Build configuration, and the CUDA device list when CUDA is not compiled in.
+// Build configuration, and the CUDA device list and workspace release when
+// CUDA is not compiled in.
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@ std::vector<CudaDeviceInfo> cuda_devices(std::string* why_none) {
   if (why_none) *why_none = "this build has no CUDA (nvcc was not found at configure time)";
   return {};
 }
+
+// Without CUDA there is no workspace pool (src/cuda/common/workspace.cpp).
+void release_workspace_memory() {}
 #endif
 
 BuildInfo build_info() {

@@ -16,6 +16,7 @@
 #include "api/backend.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
+#include "cuda/common/workspace.hpp"
 #include "cuda/flash/launchers.hpp"
 #include "cuda/flash/params.hpp"
 #include "cuda/flash/problem_args.hpp"
@@ -189,30 +190,25 @@ class CudaFlashBackend final : public BackendImpl {
     // Workspace: lse2 and D, [B*H, tq_padded] f32 each, on the caller's
     // stream; for fused (ordered or atomic) dQ also the f32 dQ accumulator
     // [B*H, tq_padded, d], and for ordered the dQ counters (one int per row:
-    // at least one per (b, h, query tile)) - linear in Tq.
+    // at least one per (b, h, query tile)) - linear in Tq. From the
+    // library's pool (cuda/common/workspace.hpp), freed on the stream when
+    // `workspace` goes out of scope, also when a launch throws.
     const auto stream = static_cast<cudaStream_t>(a.options.stream);
     const std::size_t rows = std::size_t(a.problem.B * a.problem.H * padded);
     const std::size_t accum = fused ? rows * std::size_t(a.problem.d) : 0;
     const std::size_t counters = ordered ? rows : 0;
-    void* workspace = nullptr;
-    GQATTN_CUDA_CHECK(cudaMallocAsync(
-        &workspace, (2 * rows + accum) * sizeof(float) + counters * sizeof(int), stream));
-    p.lse2 = static_cast<float*>(workspace);
+    const cuda::StreamWorkspace workspace(
+        (2 * rows + accum) * sizeof(float) + counters * sizeof(int), stream);
+    p.lse2 = workspace.floats();
     p.dsum = p.lse2 + rows;
     if (fused) p.dq_accum = p.dsum + rows;
     if (ordered) p.dq_counters = reinterpret_cast<int*>(p.dq_accum + accum);
     const ElemType elem = elem_type(a.q.dtype);
-    try {
-      switch (a.problem.d) {
-        case 64: flash::launch_backward<64>(p, elem, a.options.stream); break;
-        case 128: flash::launch_backward<128>(p, elem, a.options.stream); break;
-        default: flash::launch_backward<256>(p, elem, a.options.stream); break;
-      }
-    } catch (...) {
-      cudaFreeAsync(workspace, stream);
-      throw;
+    switch (a.problem.d) {
+      case 64: flash::launch_backward<64>(p, elem, a.options.stream); break;
+      case 128: flash::launch_backward<128>(p, elem, a.options.stream); break;
+      default: flash::launch_backward<256>(p, elem, a.options.stream); break;
     }
-    GQATTN_CUDA_CHECK(cudaFreeAsync(workspace, stream));
   }
 };
 

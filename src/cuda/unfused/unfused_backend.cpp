@@ -17,6 +17,7 @@
 #include "api/backend.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
+#include "cuda/common/workspace.hpp"
 #include "cuda/unfused/unfused.hpp"
 #include "gqattn/attention.hpp"
 #include "gqattn/error.hpp"
@@ -90,49 +91,6 @@ void require_free_memory(double bytes, bool with_d) {
                                ", only " + gib(double(free_bytes)) + " free" + kTooLargeAdvice);
 }
 
-// A device allocation ordered on the caller's stream: freed after the
-// kernels queued before the destructor ran, without a host synchronisation.
-// Devices without stream-ordered allocation get cudaMalloc and a
-// synchronising free instead.
-class StreamWorkspace {
- public:
-  StreamWorkspace(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    int device = 0;
-    int pools = 0;
-    GQATTN_CUDA_CHECK(cudaGetDevice(&device));
-    GQATTN_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
-    async_ = pools != 0;
-    const cudaError_t status =
-        async_ ? cudaMallocAsync(&data_, bytes, stream_) : cudaMalloc(&data_, bytes);
-    if (status != cudaSuccess) {
-      // Reported by the throw below; cleared so a later launch check does
-      // not mistake it for its own.
-      (void)cudaGetLastError();
-      data_ = nullptr;
-      cuda::check(status, async_ ? "cudaMallocAsync(workspace)" : "cudaMalloc(workspace)");
-    }
-  }
-  ~StreamWorkspace() {
-    // A destructor cannot throw; a stream broken enough to fail here has
-    // already failed a launch check, which is the error the caller sees.
-    if (async_) {
-      (void)cudaFreeAsync(data_, stream_);
-    } else {
-      (void)cudaStreamSynchronize(stream_);
-      (void)cudaFree(data_);
-    }
-  }
-  StreamWorkspace(const StreamWorkspace&) = delete;
-  StreamWorkspace& operator=(const StreamWorkspace&) = delete;
-
-  float* floats() const { return static_cast<float*>(data_); }
-
- private:
-  cudaStream_t stream_;
-  void* data_ = nullptr;
-  bool async_ = true;
-};
-
 unfused::Launch launch_on(void* stream) {
   int device = 0;
   int threads_per_sm = 0;
@@ -183,7 +141,7 @@ class CudaUnfusedBackend final : public BackendImpl {
     const double bytes = workspace_bytes(args.problem, /*with_d=*/false);
     require_free_memory(bytes, /*with_d=*/false);
     const unfused::Launch launch = launch_on(args.options.stream);
-    StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
+    cuda::StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
 
     unfused::ForwardPass pass;
     pass.shape = unfused::make_shape(args.problem);
@@ -201,7 +159,7 @@ class CudaUnfusedBackend final : public BackendImpl {
     const double bytes = workspace_bytes(args.problem, /*with_d=*/true);
     require_free_memory(bytes, /*with_d=*/true);
     const unfused::Launch launch = launch_on(args.options.stream);
-    StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
+    cuda::StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
     const unfused::Shape shape = unfused::make_shape(args.problem);
     float* P = workspace.floats();
     float* D = P + shape.B * shape.H * shape.Tq * shape.Tk;
