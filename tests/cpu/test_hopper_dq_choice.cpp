@@ -1,6 +1,6 @@
 // cuda-hopper's choice of dQ path (src/cuda/hopper/backward_dq_choice.hpp,
 // host code, so it is checked here, without a GPU): the measured rule
-// (fused under softcap and from 8192 kept keys per query row on, only for
+// (fused under softcap and from 1536 kept keys per query row on, only for
 // d <= 128) and the GQATTN_HOPPER_DQ switch, including its errors.
 #include <gtest/gtest.h>
 
@@ -36,11 +36,12 @@ class DqSwitch : public gqattn::test::ScopedEnv {
 
 TEST(HopperDqChoice, RuleFollowsKeysPerRowAndSoftcap) {
   const DqSwitch unset(nullptr);
-  EXPECT_TRUE(use_fused_dq(problem(16384, 128, true, 0, 0.0f)));   // 8192.5 keys per row
-  EXPECT_FALSE(use_fused_dq(problem(16382, 128, true, 0, 0.0f)));  // 8191.5
-  EXPECT_FALSE(use_fused_dq(problem(4096, 128, true, 0, 0.0f)));
-  EXPECT_FALSE(use_fused_dq(problem(4096, 128, false, 0, 0.0f)));  // 4096
-  EXPECT_TRUE(use_fused_dq(problem(8192, 64, false, 0, 0.0f)));    // 8192
+  EXPECT_TRUE(use_fused_dq(problem(3072, 128, true, 0, 0.0f)));   // 1536.5 keys per row
+  EXPECT_FALSE(use_fused_dq(problem(3070, 128, true, 0, 0.0f)));  // 1535.5
+  EXPECT_TRUE(use_fused_dq(problem(4096, 128, true, 0, 0.0f)));
+  EXPECT_TRUE(use_fused_dq(problem(4096, 128, false, 0, 0.0f)));  // 4096
+  EXPECT_TRUE(use_fused_dq(problem(2048, 64, false, 0, 0.0f)));   // 2048
+  EXPECT_FALSE(use_fused_dq(problem(1024, 128, true, 0, 0.0f)));  // 512.5
   EXPECT_FALSE(use_fused_dq(problem(16384, 128, true, 1024, 0.0f)));
   EXPECT_TRUE(use_fused_dq(problem(100, 128, true, 0, 30.0f)));  // softcap
   // d = 256 has no fused path, whatever the shape.

@@ -9,9 +9,9 @@
 //   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads K, V once, then
 //     per step Q, dO (TMA) and lse2, D (bulk copy) into a kStages-slot ring;
 //     with the fused dQ, lane 0 of warps 1 .. kDqWriters (alternate steps)
-//     reduce-add each step's staged dQ partial into the f32 accumulator
-//     (dkdv_write_dq: ordered by semaphores unless the caller allows
-//     non-determinism);
+//     move each step's staged dQ partial into the f32 accumulator
+//     (dkdv_write_dq: the first key tile stores, the others reduce-add,
+//     in an order fixed by semaphores);
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each (d 256: the
 //     same 64 keys, half of d each), per step
 //     S^T = K Q^T, dP^T = V dO^T        (wgmma SS, N = 64 queries)
@@ -138,25 +138,24 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
   }
 }
 
-// Fused dQ: run by kDqWriters threads of the producer warpgroup. Per step,
-// once both consumer warpgroups have staged their partial (dq_full), one
-// reduce-adds the staged block into the accumulator and frees the staging
-// (dq_empty). Ordered (p.dq_semaphores set): the key tiles that visit a
-// query tile form an interval [first, last] of tile indices (the mask's
-// bounds are monotone), and they add lowest first: key tile first stores
-// (so the accumulator needs no zeroing), key tile n > first waits until the
-// block's semaphore reads n - first (the number of lower tiles that have
-// added) and adds; each frees the staging once the copy has read it, waits
-// for its write to complete, then increments the semaphore. Key
-// tiles walk the query tiles last first (DkdvWork), so a lower key tile
-// reaches a (query tile, head) no later than a higher one: the CTAs that
-// start together queue once, by one add's latency each, and then keep that
-// offset. The same adds in the same order on every run: dq is bitwise
-// reproducible.
-// Writer `writer` (of kDqWriters) takes the steps t = writer mod
-// kDqWriters, each announced on its own dq_full barrier (phase t /
-// kDqWriters); the staging is one buffer, so the writers' reads, and their
-// dq_empty arrivals, come in step order.
+// Fused dQ: run by kDqWriters threads of the producer warpgroup; writer
+// `writer` takes the steps t = writer mod kDqWriters, each announced on its
+// own dq_full barrier (phase t / kDqWriters). The staging is one buffer, so
+// the writers' reads, and their dq_empty arrivals, come in step order.
+// Per step, once both consumer warpgroups have staged their partial, the
+// writer moves it into the accumulator in a fixed order: the key tiles that
+// visit a query tile form an interval [first, last] of tile indices (the
+// mask's bounds are monotone); key tile first stores (so the accumulator
+// needs no zeroing), key tile n > first waits until the block's semaphore
+// reads n - first (the number of lower tiles that have written) and adds.
+// Each frees the staging once the copy has read it, waits for its write to
+// complete, then increments the semaphore. Key tiles walk the query tiles
+// last first (DkdvWork), so a lower key tile reaches a (query tile, head)
+// no later than a higher one: the CTAs that start together queue once, by
+// one add's latency each, and then keep that offset. The same adds in the
+// same order on every run: dq is bitwise reproducible. (Unordered adds
+// into a zeroed accumulator measured slower: the adds of all key tiles to
+// one block then arrive together.)
 template <int kD>
 __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const DkdvWork& w,
                                               const flash::MaskPolicy& mask, uint32_t smem,
@@ -169,35 +168,29 @@ __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const Dkd
     const int m0 = w.m0(t, kBM);
     const int64_t block = dq_accum_block(w.b, w.head(t), m0 / kBM, p.c.H, p.c.tq_padded, kBM);
     float* dst = p.dq_accum + block * (int64_t(kBM) * kD);
-    int* sem = p.dq_semaphores != nullptr ? p.dq_semaphores + block : nullptr;
+    int* sem = p.dq_semaphores + block;
     ptx::mbar_wait(full, uint32_t((t / kDqWriters) & 1));
-    if (sem != nullptr) {
-      // Ordered: the key tile of rank 0 (the first that visits this query
-      // tile) stores, which is why the accumulator is not zeroed in this
-      // mode; rank r adds once rank r - 1's add has completed.
-      const int first = mask.key_blocks(m0, min(kBM, mask.tq - m0), Tile::kBlockN).first;
-      const int rank = w.n_block - first;
-      if (rank == 0) {
-        ptx::bulk_store(dst, smem + L::kDqStage, L::kDqStageBytes);
-      } else {
-        while (ptx::ld_acquire_gpu(sem) != rank) __nanosleep(kDqSpinNs);
-        ptx::fence_proxy_async_global();
-        ptx::bulk_reduce_add_f32(dst, smem + L::kDqStage, L::kDqStageBytes);
-      }
+    // The key tile of rank 0 (the first that visits this query tile) stores,
+    // which is why the accumulator is not zeroed; rank r adds once rank
+    // r - 1's write has completed.
+    const int first = mask.key_blocks(m0, min(kBM, mask.tq - m0), Tile::kBlockN).first;
+    const int rank = w.n_block - first;
+    if (rank == 0) {
+      ptx::bulk_store(dst, smem + L::kDqStage, L::kDqStageBytes);
     } else {
+      while (ptx::ld_acquire_gpu(sem) != rank) __nanosleep(kDqSpinNs);
+      ptx::fence_proxy_async_global();
       ptx::bulk_reduce_add_f32(dst, smem + L::kDqStage, L::kDqStageBytes);
     }
     ptx::bulk_commit();
     // The staging buffer is free once read: the consumers may stage the
-    // next step while this add travels to L2 (an ordered add's completion
-    // takes longer than a step's matrix products).
+    // next step while this write travels to L2 (its completion takes
+    // longer than a step's matrix products).
     ptx::bulk_wait_read_all();
     ptx::mbar_arrive(smem + L::kDqEmpty);
-    if (sem != nullptr) {
-      ptx::bulk_wait_all();
-      ptx::fence_proxy_async_global();
-      ptx::red_release_gpu_add(sem, 1);
-    }
+    ptx::bulk_wait_all();
+    ptx::fence_proxy_async_global();
+    ptx::red_release_gpu_add(sem, 1);
   }
   ptx::bulk_wait_all();
 }

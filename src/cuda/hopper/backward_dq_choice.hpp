@@ -4,18 +4,18 @@
 //
 // - separate: the dK/dV kernel, then the dQ kernel that recomputes S and dP
 //   per (query tile, key tile): seven GEMMs, no workspace beyond lse2 / D.
-// - fused (d <= 128): the dK/dV kernel also forms dQ = dS K and reduce-adds
-//   it into an f32 accumulator (five GEMMs), ordered by semaphores when the
-//   call is deterministic; plus a zeroing and a conversion pass over the
-//   B*H*Tq*d accumulator, a fixed cost per query row.
+// - fused (d <= 128): the dK/dV kernel also forms dQ = dS K and writes it
+//   into an f32 accumulator (five GEMMs) in an order fixed by semaphores;
+//   plus a conversion pass over the B*H*Tq*d accumulator, a fixed cost per
+//   query row, and the queueing of the first adds.
 //
-// Measured on the H200 (bf16, d128, 2026-11-30, docs/hopper.md): fused is
-// faster when each query row keeps many keys (causal T16k: 496 vs 462
-// TFLOP/s, 8192 keys per row on average) or under softcap (the separate dQ
-// kernel recomputes tanh: 361 vs 322 at T4k); separate is faster at 4096
-// keys per row and fewer (non-causal T4k 433 vs 372, causal T4k 408 vs 329,
-// window 1024: 351 vs 223), where the fixed cost and the ordered adds'
-// waits weigh more.
+// Measured on the H200 (bf16, backward TFLOP/s, 2026-11-30, docs/hopper.md,
+// "fifth run" of performance.md), fused vs separate: causal T4k 472 vs 412
+// (2048 kept keys per row on average), T16k 540 vs 463, non-causal T4k 517
+// vs 436, d64 causal T4k 393 vs 341, softcap 30 T4k 415 vs 330; separate is
+// faster at 1024 keys per row and fewer (window 1024: 376 vs 316; causal
+// T1k, 512: 329 vs 280), where the fixed costs weigh more. The threshold
+// lies between those two measured points.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,7 @@
 namespace gqattn::hopper::bwd {
 
 // Mean kept keys per query row from which the fused path is taken.
-constexpr int64_t kFusedDqMinKeysPerRow = 8192;
+constexpr int64_t kFusedDqMinKeysPerRow = 1536;
 
 // True: fused dQ; false: the separate dQ kernel. GQATTN_HOPPER_DQ=fused or
 // =separate overrides the rule (a testing and benchmarking switch, not a

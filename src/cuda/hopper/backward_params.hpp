@@ -44,11 +44,11 @@ struct BackwardParams {
   // reads.
   flash::BackwardParams c;
   // Fused dQ (chosen when dq_accum is set; DkdvTile::kFusedDqSupported):
-  // the f32 accumulator, zeroed before the
-  // dK/dV kernel, one block of kBlockM x d floats per (b, h, query tile),
-  // in the order dq_accum_index() gives; and, for the deterministic order,
-  // one semaphore per block (zeroed; it counts the key tiles that have
-  // added). dq_semaphores null: unordered adds (not reproducible).
+  // the f32 accumulator (not zeroed: the first key tile of a query tile
+  // stores), one block of kBlockM x d floats per (b, h, query tile), in the
+  // order dq_accum_index() gives; and one semaphore per block (zeroed before
+  // the dK/dV kernel; it counts the key tiles that have added), which fixes
+  // the order of the adds.
   float* dq_accum = nullptr;
   int* dq_semaphores = nullptr;
 };

@@ -31,10 +31,9 @@ constexpr int kBwdRingStagesShallow = 2;
 // use_fused_dq): the dK/dV kernel also forms each step's dQ partial
 // dS K (the fifth GEMM; dS through shared memory) and reduce-adds it into an
 // f32 accumulator by bulk copy, instead of the separate dQ kernel that
-// recomputes S and dP (seven GEMMs in all). Deterministic by default: the
-// adds into one query tile are ordered by a semaphore, lowest key tile
-// first (backward_dkdv_kernel.cuh); unordered only when the caller allows a
-// non-deterministic result (Options::deterministic = false). d = 256 keeps
+// recomputes S and dP (seven GEMMs in all). Deterministic: the adds into
+// one query tile are ordered by a semaphore, lowest key tile first
+// (backward_dkdv_kernel.cuh). d = 256 keeps
 // the separate kernel (its dK, dV halves leave no registers for a dQ
 // accumulator). Off: the separate dQ kernel for every d (and the fused
 // kernels are not compiled).

@@ -16,6 +16,7 @@
 #include "api/backend.hpp"
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
+#include "cuda/common/workspace.hpp"
 #include "cuda/flash/problem_args.hpp"
 #include "cuda/flash/tile_sizes.hpp"
 #include "cuda/hopper/backward_dq_choice.hpp"
@@ -212,9 +213,11 @@ class CudaHopperBackend final : public BackendImpl {
     flash::BackwardParams& c = p.c;
     const int64_t padded = c.tq_padded;
 
-    // Workspace on the caller's stream (cudaMallocAsync: 256-byte aligned,
-    // as the bulk copies need): lse2 and D, [B*H, tq_padded] f32 each; with
-    // the fused dQ (backward_dq_choice.hpp) also its f32 accumulator (B*H*tq_padded*d,
+    // Workspace on the caller's stream (StreamWorkspace, from the library's
+    // pool: 256-byte aligned, as the bulk copies need; freed on the stream
+    // when `workspace` goes out of scope, also when a launch throws): lse2
+    // and D, [B*H, tq_padded] f32 each; with the fused dQ
+    // (backward_dq_choice.hpp) also its f32 accumulator (B*H*tq_padded*d,
     // linear in T) and, unless the caller allows a non-deterministic dq,
     // the semaphores that fix the order of its adds.
     const auto stream = static_cast<cudaStream_t>(a.options.stream);
@@ -223,30 +226,21 @@ class CudaHopperBackend final : public BackendImpl {
     const std::size_t accum =
         fused ? hopper::bwd::fused_dq_accum_floats(a.problem.B, a.problem.H, padded, d) : 0;
     const std::size_t semaphores =
-        fused && a.options.deterministic
-            ? hopper::bwd::fused_dq_semaphores(a.problem.B, a.problem.H, padded)
-            : 0;
-    void* workspace = nullptr;
-    GQATTN_CUDA_CHECK(cudaMallocAsync(
-        &workspace, (2 * rows + accum) * sizeof(float) + semaphores * sizeof(int), stream));
-    c.lse2 = static_cast<float*>(workspace);
+        fused ? hopper::bwd::fused_dq_semaphores(a.problem.B, a.problem.H, padded) : 0;
+    const cuda::StreamWorkspace workspace(
+        (2 * rows + accum) * sizeof(float) + semaphores * sizeof(int), stream);
+    c.lse2 = workspace.floats();
     c.dsum = c.lse2 + rows;
     p.dq_accum = accum > 0 ? c.dsum + rows : nullptr;
     p.dq_semaphores = semaphores > 0 ? reinterpret_cast<int*>(c.dsum + rows + accum) : nullptr;
     const hopper::ElemType elem =
         a.q.dtype == DType::bf16 ? hopper::ElemType::bf16 : hopper::ElemType::f16;
-    try {
-      if (d == 64)
-        hopper::bwd::launch_backward<64>(p, elem, a.options.stream);
-      else if (d == 128)
-        hopper::bwd::launch_backward<128>(p, elem, a.options.stream);
-      else
-        hopper::bwd::launch_backward<256>(p, elem, a.options.stream);
-    } catch (...) {
-      cudaFreeAsync(workspace, stream);
-      throw;
-    }
-    GQATTN_CUDA_CHECK(cudaFreeAsync(workspace, stream));
+    if (d == 64)
+      hopper::bwd::launch_backward<64>(p, elem, a.options.stream);
+    else if (d == 128)
+      hopper::bwd::launch_backward<128>(p, elem, a.options.stream);
+    else
+      hopper::bwd::launch_backward<256>(p, elem, a.options.stream);
   }
 };
 

@@ -32,19 +32,14 @@ void launch_dkdv(const BackwardParams& p, cudaStream_t stream) {
   cuda::check_launch("cuda-hopper backward_dkdv_kernel");
 }
 
-// Fused dQ: zero the semaphores (ordered) or the accumulator (unordered:
-// every key tile adds; ordered, the first key tile of a query tile stores),
-// the dK/dV kernel that adds into it, then dq = scale * accumulator.
+// Fused dQ: zero the semaphores (the accumulator needs no zeroing: the
+// first key tile of a query tile stores), the dK/dV kernel that adds into
+// it, then dq = scale * accumulator.
 template <int kD, typename Elem, bool kSoftcap>
 void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
-  if (p.dq_semaphores != nullptr) {
-    GQATTN_CUDA_CHECK(
-        cudaMemsetAsync(p.dq_semaphores, 0,
-                        fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
-  } else {
-    const std::size_t floats = fused_dq_accum_floats(p.c.B, p.c.H, p.c.tq_padded, kD);
-    GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, floats * sizeof(float), stream));
-  }
+  GQATTN_CUDA_CHECK(
+      cudaMemsetAsync(p.dq_semaphores, 0,
+                      fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
   launch_dkdv<kD, Elem, kSoftcap, true>(p, stream);
   const int blocks = int(dq_convert_blocks(p.c.B, p.c.H, p.c.tq_padded, kD));
   backward_dq_convert_kernel<kD, Elem><<<blocks, kDqConvertThreads, 0, stream>>>(p);
