@@ -183,10 +183,11 @@ constexpr std::size_t fused_dq_semaphores(int64_t B, int64_t H, int64_t tq_padde
 }
 static_assert(DkdvTile<64>::kBlockM == DkdvTile<128>::kBlockM, "one query tile for d 64, 128");
 
-// The fused dQ's conversion kernel: one thread per float4 of the accumulator.
+// The fused dQ's conversion kernel: one CTA per accumulator block (b, h,
+// query tile).
 constexpr int kDqConvertThreads = 256;
-constexpr int64_t dq_convert_blocks(int64_t B, int64_t H, int64_t tq_padded, int64_t d) {
-  return ceil_div(int64_t(fused_dq_accum_floats(B, H, tq_padded, d) / 4), kDqConvertThreads);
+constexpr int64_t dq_convert_blocks(int64_t B, int64_t H, int64_t tq_padded) {
+  return B * H * (tq_padded / DkdvTile<128>::kBlockM);
 }
 
 // Shared memory of the larger of the two kernels for head dimension d.

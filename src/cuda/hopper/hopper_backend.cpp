@@ -186,7 +186,7 @@ class CudaHopperBackend final : public BackendImpl {
          hopper::bwd::dq_blocks(p.B, p.H, p.Tq, p.d),
          hopper::bwd::ceil_div(p.B * p.H * flash::tq_padded(p.Tq), flash::kPreprocessRowsPerBlock),
          hopper::bwd::fused_dq_supported(int(p.d))
-             ? hopper::bwd::dq_convert_blocks(p.B, p.H, flash::tq_padded(p.Tq), p.d)
+             ? hopper::bwd::dq_convert_blocks(p.B, p.H, flash::tq_padded(p.Tq))
              : 0});
     if (grid > kMaxGridX)
       return "not supported: cuda-hopper backward needs at most 2^31-1 thread blocks (" +

@@ -40,7 +40,7 @@ void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
   GQATTN_CUDA_CHECK(cudaMemsetAsync(
       p.dq_semaphores, 0, fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
   launch_dkdv<kD, Elem, kSoftcap, true>(p, stream);
-  const int blocks = int(dq_convert_blocks(p.c.B, p.c.H, p.c.tq_padded, kD));
+  const int blocks = int(dq_convert_blocks(p.c.B, p.c.H, p.c.tq_padded));
   backward_dq_convert_kernel<kD, Elem><<<blocks, kDqConvertThreads, 0, stream>>>(p);
   cuda::check_launch("cuda-hopper backward_dq_convert_kernel");
 }
