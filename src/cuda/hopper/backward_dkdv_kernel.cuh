@@ -269,51 +269,10 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     for (int kk = 0; kk < kStepsD; ++kk)
       ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
     ptx::wgmma_commit();
-    if constexpr (kOverlapSdP) {
-      // The S^T group has completed; dP^T (not read here) may still run.
-      ptx::wgmma_wait<1>();
-      ptx::pin(s[0]);
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = nt * flash::kMmaN + flash::frag_col(lane) + (e & 1);
-          s[0][nt][e] = flash::fast_exp2(fmaf(s[0][nt][e], p.c.score.mult, -lse2[col]));
-        }
-      if (!mask.fully_kept(m0, kBM, wg_key0, kWgmmaM))
-        mask.apply</*kRowsAreKeys=*/true>(s, warp_key0, m0, lane, 0.0f);
-      ptx::wgmma_wait<0>();
-      ptx::pin(dp[0]);
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = nt * flash::kMmaN + flash::frag_col(lane) + (e & 1);
-          dp[0][nt][e] -= dsum[col];
-        }
-    } else {
-      ptx::wgmma_wait<0>();
-      ptx::pin(s[0]);
-      ptx::pin(dp[0]);
-      // s <- P^T, dp <- (dP^T - D) [* (1 - v^2)]; columns are queries. Rows
-      // past Tq have lse2 = +inf (P = 0) and D = 0 (workspace padding).
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = nt * flash::kMmaN + flash::frag_col(lane) + (e & 1);
-          float v = s[0][nt][e];
-          float dpd = dp[0][nt][e] - dsum[col];
-          if constexpr (kSoftcap) {
-            v = flash::softcap_tanh(v * p.c.score.pre);
-            dpd *= 1.0f - v * v;
-          }
-          s[0][nt][e] = flash::fast_exp2(fmaf(v, p.c.score.mult, -lse2[col]));
-          dp[0][nt][e] = dpd;
-        }
-      if (!mask.fully_kept(m0, kBM, wg_key0, kWgmmaM))
-        mask.apply</*kRowsAreKeys=*/true>(s, warp_key0, m0, lane, 0.0f);
-    }
+    // s <- P^T, dp <- (dP^T - D) [* (1 - v^2)]; rows are keys, columns
+    // queries (lse2, D per column, from the step's slot).
+    p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP>(
+        s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
 
     // P^T and dS^T as register A operands: k-step kk = n8 blocks 2kk, 2kk+1.
     // dV += P^T dO, dK += dS^T Q (B operands MN-major: N runs along d, from

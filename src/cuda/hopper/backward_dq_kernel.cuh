@@ -167,45 +167,10 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     for (int kk = 0; kk < kStepsD; ++kk)
       ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
     ptx::wgmma_commit();
-    if constexpr (kOverlapSdP) {
-      // The S group has completed; dP (not read here) may still run.
-      ptx::wgmma_wait<1>();
-      ptx::pin(s[0]);
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          s[0][nt][e] = flash::fast_exp2(fmaf(s[0][nt][e], c.score.mult, -lse2[e / 2]));
-      if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
-        mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, 0.0f);
-      ptx::wgmma_wait<0>();
-      ptx::pin(dp[0]);
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dp[0][nt][e] -= dsum[e / 2];
-    } else {
-      ptx::wgmma_wait<0>();
-      ptx::pin(s[0]);
-      ptx::pin(dp[0]);
-      // s <- P, dp <- (dP - D) [* (1 - v^2)]; element e is row g + 8 (e / 2).
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2;
-          float v = s[0][nt][e];
-          float dpd = dp[0][nt][e] - dsum[r];
-          if constexpr (kSoftcap) {
-            v = flash::softcap_tanh(v * c.score.pre);
-            dpd *= 1.0f - v * v;
-          }
-          s[0][nt][e] = flash::fast_exp2(fmaf(v, c.score.mult, -lse2[r]));
-          dp[0][nt][e] = dpd;
-        }
-      if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
-        mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, 0.0f);
-    }
+    // s <- P, dp <- (dP - D) [* (1 - v^2)]; rows are queries (lse2, D of
+    // this thread's rows g, g + 8), columns keys.
+    p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP>(
+        s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
 
     uint32_t dsa[kStepsN][4];
 #pragma unroll
