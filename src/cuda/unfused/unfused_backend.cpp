@@ -82,10 +82,16 @@ std::string workspace_what(bool with_d) {
 }
 
 // Throws before anything is allocated when the workspace cannot fit in the
-// device's free memory now.
+// device's free memory now. Freed workspace that the library's pools keep
+// (cuda/common/workspace.hpp) counts as used to cudaMemGetInfo: on a
+// shortfall it is given back first, and the free memory read again.
 void require_free_memory(double bytes, bool with_d) {
   std::size_t free_bytes = 0, total_bytes = 0;
   GQATTN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (bytes > double(free_bytes)) {
+    cuda::trim_workspace_pools();
+    GQATTN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  }
   if (bytes > double(free_bytes))
     throw Error("backend", "cuda-unfused: needs " + gib(bytes) + " " + workspace_what(with_d) +
                                ", only " + gib(double(free_bytes)) + " free" + kTooLargeAdvice);
