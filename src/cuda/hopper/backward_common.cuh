@@ -119,21 +119,54 @@ __device__ __forceinline__ void ds_to_a(uint32_t (&a)[4], const float (&p)[kNT][
   a[3] = flash::pack2<Elem>(p1[2] * d1[2], p1[3] * d1[3]);
 }
 
+// Index into lse2 / dsum of accumulator element (nt, e): the column's
+// (kRowsAreKeys: the dK/dV kernel's S^T, dP^T, columns are queries; lse2,
+// dsum are the step slot's rows in shared memory) or the row's (dQ kernel:
+// rows are queries; lse2[r], dsum[r] hold this thread's rows g + 8 r).
+template <bool kRowsAreKeys>
+__device__ __forceinline__ int stat_index(int nt, int e, int lane) {
+  return kRowsAreKeys ? nt * flash::kMmaN + flash::frag_col(lane) + (e & 1) : e / 2;
+}
+
+// s <- P = 2^(s * mult - lse2) with masked elements 0 (s already holds
+// tanh(S * pre) where softcapped). The warpgroup's tile is rows [wg_row0,
+// wg_row0 + kWgmmaM) (this warp's from warp_row0) by columns [col0, col0 +
+// 8 kNT); the mask is applied only when some element of it is not kept.
+// Queries past Tq have lse2 = +inf: P = 0.
+template <bool kRowsAreKeys, int kNT>
+__device__ __forceinline__ void p_from_scores(float (&s)[1][kNT][4], const float* lse2,
+                                              const flash::ScoreArgs& score,
+                                              const flash::MaskPolicy& mask, int wg_row0,
+                                              int warp_row0, int col0, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      s[0][nt][e] =
+          flash::fast_exp2(fmaf(s[0][nt][e], score.mult, -lse2[stat_index<kRowsAreKeys>(nt, e, lane)]));
+  constexpr int kCols = kNT * flash::kMmaN;
+  const bool kept = kRowsAreKeys ? mask.fully_kept(col0, kCols, wg_row0, kWgmmaM)
+                                 : mask.fully_kept(wg_row0, kWgmmaM, col0, kCols);
+  if (!kept) mask.apply<kRowsAreKeys>(s, warp_row0, col0, lane, 0.0f);
+}
+
+// dp <- dP - D (D = 0 past Tq: workspace padding).
+template <bool kRowsAreKeys, int kNT>
+__device__ __forceinline__ void dp_minus_d(float (&dp)[1][kNT][4], const float* dsum, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[0][nt][e] -= dsum[stat_index<kRowsAreKeys>(nt, e, lane)];
+}
+
 // Both kernels, after a step's S and dP wgmma groups have been committed
 // (two groups, S first, when kOverlapSdP; else one): waits for them and
 // turns the warpgroup's accumulators into
 //   s  <- P = 2^(v * mult - lse2), masked elements 0 (v = S, or
 //         tanh(S * pre) under softcap),
 //   dp <- dP - D, times 1 - v^2 under softcap (v before masking).
-// kRowsAreKeys: the accumulators are S^T, dP^T (dK/dV kernel: rows are keys,
-// columns queries) and lse2[c], dsum[c] are those of column col0 + c (the
-// step slot's rows in shared memory); otherwise (dQ kernel) rows are queries
-// and lse2[r], dsum[r] those of this thread's row g + 8 r (registers; element
-// e is row g + 8 (e / 2)). Queries past Tq have lse2 = +inf (P = 0) and
-// D = 0 (workspace padding). The warpgroup's tile is rows [wg_row0, wg_row0
-// + kWgmmaM) (this warp's from warp_row0) by columns [col0, col0 + 8 kNT);
-// the mask is applied only when some element of it is not kept. Overlapped,
-// P is computed between wait_group 1 (S has landed) and wait_group 0, while
+// Orientation and indexing: stat_index, p_from_scores. Overlapped, P is
+// computed between wait_group 1 (S has landed) and wait_group 0, while
 // dP's wgmma still runs; never under softcap, whose dS needs tanh(S) after
 // dP has landed.
 template <bool kRowsAreKeys, bool kSoftcap, bool kOverlapSdP, int kNT>
@@ -143,51 +176,30 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
                                                  const flash::MaskPolicy& mask, int wg_row0,
                                                  int warp_row0, int col0, int lane) {
   static_assert(!(kOverlapSdP && kSoftcap), "softcap needs tanh(S) after dP has landed");
-  // Index into lse2 / dsum of element (nt, e).
-  const auto stat = [lane](int nt, int e) {
-    return kRowsAreKeys ? nt * flash::kMmaN + flash::frag_col(lane) + (e & 1) : e / 2;
-  };
-  // P <- 0 where masked; skipped when the warpgroup's whole tile is kept.
-  const auto apply_mask = [&] {
-    constexpr int kCols = kNT * flash::kMmaN;
-    const bool kept = kRowsAreKeys ? mask.fully_kept(col0, kCols, wg_row0, kWgmmaM)
-                                   : mask.fully_kept(wg_row0, kWgmmaM, col0, kCols);
-    if (!kept) mask.apply<kRowsAreKeys>(s, warp_row0, col0, lane, 0.0f);
-  };
   if constexpr (kOverlapSdP) {
     // The S group has completed; dP (not read here) may still run.
     ptx::wgmma_wait<1>();
     ptx::pin(s[0]);
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[0][nt][e] = flash::fast_exp2(fmaf(s[0][nt][e], score.mult, -lse2[stat(nt, e)]));
-    apply_mask();
+    p_from_scores<kRowsAreKeys>(s, lse2, score, mask, wg_row0, warp_row0, col0, lane);
     ptx::wgmma_wait<0>();
     ptx::pin(dp[0]);
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp[0][nt][e] -= dsum[stat(nt, e)];
+    dp_minus_d<kRowsAreKeys>(dp, dsum, lane);
   } else {
     ptx::wgmma_wait<0>();
     ptx::pin(s[0]);
     ptx::pin(dp[0]);
+    dp_minus_d<kRowsAreKeys>(dp, dsum, lane);
+    if constexpr (kSoftcap) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = s[0][nt][e];
-        float dpd = dp[0][nt][e] - dsum[stat(nt, e)];
-        if constexpr (kSoftcap) {
-          v = flash::softcap_tanh(v * score.pre);
-          dpd *= 1.0f - v * v;
+        for (int e = 0; e < 4; ++e) {
+          const float v = flash::softcap_tanh(s[0][nt][e] * score.pre);
+          dp[0][nt][e] *= 1.0f - v * v;
+          s[0][nt][e] = v;
         }
-        s[0][nt][e] = flash::fast_exp2(fmaf(v, score.mult, -lse2[stat(nt, e)]));
-        dp[0][nt][e] = dpd;
-      }
-    apply_mask();
+    }
+    p_from_scores<kRowsAreKeys>(s, lse2, score, mask, wg_row0, warp_row0, col0, lane);
   }
 }
 

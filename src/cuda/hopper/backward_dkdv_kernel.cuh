@@ -51,6 +51,7 @@
 #include "cuda/hopper/backward_common.cuh"
 #include "cuda/hopper/backward_dq_fused.cuh"
 #include "cuda/hopper/backward_params.hpp"
+#include "cuda/hopper/backward_split_exchange.cuh"
 #include "cuda/hopper/ptx/bulk_copy.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
@@ -215,6 +216,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
   // S^T and dP^T as two wgmma groups (P^T computed while dP^T runs); not
   // under softcap, whose dS needs tanh(S) after dP^T has landed.
   constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
+  constexpr bool kExchange = split_exchange(kD, kSoftcap);
   static_assert(kBN == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
                 "one wgmma M of keys per warpgroup (or shared by both when split over d)");
   static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
@@ -257,22 +259,52 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     const float* dsum = reinterpret_cast<const float*>(smem_ptr + L::kDsum + stage * L::kRowBytes);
 
     // S^T = K Q^T and dP^T = V dO^T (first k-steps overwrite): one group, or
-    // two when overlapped (S^T first).
+    // two when overlapped (S^T first). Then s <- P^T, dp <- (dP^T - D)
+    // [* (1 - v^2)]; rows are keys, columns queries (lse2, D per column,
+    // from the step's slot).
     float s[1][kNT][4], dp[1][kNT][4];
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
-    ptx::wgmma_fence();
+    if constexpr (kExchange) {
+      // Split over d: warpgroup 0 computes S^T and P^T, warpgroup 1 dP^T
+      // and dP^T - D, and they trade them (backward_split_exchange.cuh).
+      if (wg == 0) {
+        ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kStepsD; ++kk)
-      ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
-    if constexpr (kOverlapSdP) ptx::wgmma_commit();
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk),
+                                    kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::pin(s[0]);
+        p_from_scores</*kRowsAreKeys=*/true>(s, lse2, p.c.score, mask, wg_key0, warp_key0, m0,
+                                             lane);
+        exchange_with_other_warpgroup(smem + L::kXchg, wg, t, w.steps, s, dp);
+      } else {
+        ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kStepsD; ++kk)
-      ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
-    ptx::wgmma_commit();
-    // s <- P^T, dp <- (dP^T - D) [* (1 - v^2)]; rows are keys, columns
-    // queries (lse2, D per column, from the step's slot).
-    p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP>(
-        s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk),
+                                    kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::pin(dp[0]);
+        dp_minus_d</*kRowsAreKeys=*/true>(dp, dsum, lane);
+        exchange_with_other_warpgroup(smem + L::kXchg, wg, t, w.steps, dp, s);
+      }
+    } else {
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kStepsD; ++kk)
+        ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
+      if constexpr (kOverlapSdP) ptx::wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < kStepsD; ++kk)
+        ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk),
+                                  kk > 0);
+      ptx::wgmma_commit();
+      p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP>(
+          s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
+    }
 
     // P^T and dS^T as register A operands: k-step kk = n8 blocks 2kk, 2kk+1.
     // dV += P^T dO, dK += dS^T Q (B operands MN-major: N runs along d, from

@@ -37,6 +37,7 @@
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_common.cuh"
 #include "cuda/hopper/backward_params.hpp"
+#include "cuda/hopper/backward_split_exchange.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
@@ -116,6 +117,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   // S and dP as two wgmma groups (P computed while dP runs); not under
   // softcap, whose dS needs tanh(S) after dP has landed.
   constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
+  constexpr bool kExchange = split_exchange(kD, kSoftcap);
   static_assert(kBM == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
                 "one wgmma M of queries per warpgroup (or shared by both when split over d)");
   static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
@@ -146,6 +148,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
 
   if (w.keys.last >= w.keys.first) ptx::mbar_wait(smem + L::kQFull, 0);
 
+  [[maybe_unused]] const int steps = w.keys.last - w.keys.first + 1;  // <= 0: no key tile
   int it = 0;
   for (int n_block = w.keys.last; n_block >= w.keys.first; --n_block, ++it) {
     const int stage = it % Tile::kStages;
@@ -155,22 +158,52 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     const uint32_t v_tile = smem + L::kV + uint32_t(stage) * L::kKVBytes;
 
     // S = Q K^T and dP = dO V^T (first k-steps overwrite): one group, or two
-    // when overlapped (S first).
+    // when overlapped (S first). Then s <- P, dp <- (dP - D) [* (1 - v^2)];
+    // rows are queries (lse2, D of this thread's rows g, g + 8), columns
+    // keys.
     float s[1][kNT][4], dp[1][kNT][4];
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
-    ptx::wgmma_fence();
+    if constexpr (kExchange) {
+      // Split over d: warpgroup 0 computes S and P, warpgroup 1 dP and
+      // dP - D, and they trade them (backward_split_exchange.cuh).
+      if (wg == 0) {
+        ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kStepsD; ++kk)
-      ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
-    if constexpr (kOverlapSdP) ptx::wgmma_commit();
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk),
+                                    kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::pin(s[0]);
+        p_from_scores</*kRowsAreKeys=*/false>(s, lse2, c.score, mask, wg_row0, warp_row0, n0,
+                                              lane);
+        exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, s, dp);
+      } else {
+        ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kStepsD; ++kk)
-      ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
-    ptx::wgmma_commit();
-    // s <- P, dp <- (dP - D) [* (1 - v^2)]; rows are queries (lse2, D of
-    // this thread's rows g, g + 8), columns keys.
-    p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP>(
-        s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk),
+                                    kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::pin(dp[0]);
+        dp_minus_d</*kRowsAreKeys=*/false>(dp, dsum, lane);
+        exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, dp, s);
+      }
+    } else {
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kStepsD; ++kk)
+        ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
+      if constexpr (kOverlapSdP) ptx::wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < kStepsD; ++kk)
+        ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk),
+                                  kk > 0);
+      ptx::wgmma_commit();
+      p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP>(
+          s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
+    }
 
     uint32_t dsa[kStepsN][4];
 #pragma unroll

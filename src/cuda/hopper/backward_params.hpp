@@ -94,7 +94,12 @@ struct DkdvSmem {
       kFusedDq ? uint32_t(Tile::kBlockM) * kD * sizeof(float) : 0u;
   static constexpr uint32_t kDs = kDo + Tile::kStages * kQBytes;  // buffer i: + i kDsBytes
   static constexpr uint32_t kDqStage = kDs + 2 * kDsBytes;
-  static constexpr uint32_t kLse2 = kDqStage + kDqStageBytes;  // stage s: + s * kRowBytes
+  // Split over d: the S^T / dP^T exchange of the two consumer warpgroups
+  // (backward_split_exchange.cuh), one buffer per warpgroup.
+  static constexpr uint32_t kXchgBytes =
+      Tile::kSplitD ? uint32_t(kWarpgroupThreads) * Tile::kBlockM / 2 * sizeof(float) : 0u;
+  static constexpr uint32_t kXchg = kDqStage + kDqStageBytes;  // warpgroup w: + w kXchgBytes
+  static constexpr uint32_t kLse2 = kXchg + 2 * kXchgBytes;    // stage s: + s * kRowBytes
   static constexpr uint32_t kDsum = kLse2 + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarriers = kDsum + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarrierBytes = 8;
@@ -139,7 +144,11 @@ struct DqSmem {
   static constexpr uint32_t kDo = kQ + kQBytes;
   static constexpr uint32_t kK = kDo + kQBytes;  // slot s: kK + s * kKVBytes
   static constexpr uint32_t kV = kK + Tile::kStages * kKVBytes;
-  static constexpr uint32_t kBarriers = kV + Tile::kStages * kKVBytes;
+  // Split over d: the S / dP exchange (as DkdvSmem's).
+  static constexpr uint32_t kXchgBytes =
+      Tile::kSplitD ? uint32_t(kWarpgroupThreads) * Tile::kBlockN / 2 * sizeof(float) : 0u;
+  static constexpr uint32_t kXchg = kV + Tile::kStages * kKVBytes;  // warpgroup w: + w kXchgBytes
+  static constexpr uint32_t kBarriers = kXchg + 2 * kXchgBytes;
   static constexpr uint32_t kBarrierBytes = 8;
   // q_full (Q and dO landed), then per slot full (K and V landed) and empty.
   static constexpr uint32_t kQFull = kBarriers;

@@ -53,6 +53,16 @@ constexpr int kDqWriters = 2;
 // in both; 1/3 of the GEMM work is redundant), so no exchange through
 // shared memory and no extra barrier is needed.
 constexpr bool split_d(int d) { return d > 128; }
+// Split over d, without softcap: instead of both computing S^T and dP^T,
+// warpgroup 0 computes S^T (and P^T), warpgroup 1 dP^T (and dP^T - D), and
+// they trade the two f32 tiles through shared memory (2 x 16 KB,
+// backward_split_exchange.cuh); a third of the GEMM work is no longer done
+// twice. Softcap keeps the redundant form (its dS also needs tanh(S), a
+// third tile). Off: both warpgroups compute both, as described above.
+constexpr bool kBwdSplitExchange = true;
+constexpr bool split_exchange(int d, bool softcap) {
+  return split_d(d) && kBwdSplitExchange && !softcap;
+}
 
 constexpr bool fused_dq_supported(int d) { return kBwdFusedDq && !split_d(d); }
 
