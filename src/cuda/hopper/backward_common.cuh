@@ -142,8 +142,8 @@ __device__ __forceinline__ void p_from_scores(float (&s)[1][kNT][4], const float
   for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      s[0][nt][e] =
-          flash::fast_exp2(fmaf(s[0][nt][e], score.mult, -lse2[stat_index<kRowsAreKeys>(nt, e, lane)]));
+      s[0][nt][e] = flash::fast_exp2(
+          fmaf(s[0][nt][e], score.mult, -lse2[stat_index<kRowsAreKeys>(nt, e, lane)]));
   constexpr int kCols = kNT * flash::kMmaN;
   const bool kept = kRowsAreKeys ? mask.fully_kept(col0, kCols, wg_row0, kWgmmaM)
                                  : mask.fully_kept(wg_row0, kWgmmaM, col0, kCols);

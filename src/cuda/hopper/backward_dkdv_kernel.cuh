@@ -271,8 +271,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk),
-                                    kk > 0);
+          ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::pin(s[0]);
@@ -299,8 +298,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       if constexpr (kOverlapSdP) ptx::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < kStepsD; ++kk)
-        ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk),
-                                  kk > 0);
+        ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
       ptx::wgmma_commit();
       p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP>(
           s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);

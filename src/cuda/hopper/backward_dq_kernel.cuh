@@ -170,13 +170,11 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk),
-                                    kk > 0);
+          ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::pin(s[0]);
-        p_from_scores</*kRowsAreKeys=*/false>(s, lse2, c.score, mask, wg_row0, warp_row0, n0,
-                                              lane);
+        p_from_scores</*kRowsAreKeys=*/false>(s, lse2, c.score, mask, wg_row0, warp_row0, n0, lane);
         exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, s, dp);
       } else {
         ptx::wgmma_fence();
@@ -198,8 +196,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
       if constexpr (kOverlapSdP) ptx::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < kStepsD; ++kk)
-        ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk),
-                                  kk > 0);
+        ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
       ptx::wgmma_commit();
       p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP>(
           s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);

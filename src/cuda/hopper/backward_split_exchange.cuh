@@ -54,8 +54,7 @@ __device__ __forceinline__ void exchange_with_other_warpgroup(uint32_t xchg, int
   for (int nt = 0; nt < kNT; ++nt)
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
                      own + (uint32_t(nt) * kWarpgroupThreads + i) * 16u),
-                 "f"(mine[0][nt][0]), "f"(mine[0][nt][1]), "f"(mine[0][nt][2]),
-                 "f"(mine[0][nt][3])
+                 "f"(mine[0][nt][0]), "f"(mine[0][nt][1]), "f"(mine[0][nt][2]), "f"(mine[0][nt][3])
                  : "memory");
   ptx::named_barrier_sync(kXchgReadyBarrier, kXchgThreads);
 #pragma unroll
