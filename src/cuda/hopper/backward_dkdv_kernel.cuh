@@ -13,7 +13,8 @@
 //     (dkdv_write_dq: the first key tile stores, the others reduce-add,
 //     in an order fixed by semaphores);
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each (d 256: the
-//     same 64 keys, half of d each), per step
+//     same 64 keys, half of d each; without softcap one computes S^T, the
+//     other dP^T, and they trade them: backward_split_exchange.cuh), per step
 //     S^T = K Q^T, dP^T = V dO^T        (wgmma SS, N = 64 queries)
 //     P^T = 2^(v * mult - lse2)          (masked elements 0)
 //     dS^T = P^T o (dP^T - D) [o (1 - v^2) under softcap, v before masking]

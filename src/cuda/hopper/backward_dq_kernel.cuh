@@ -14,7 +14,8 @@
 //   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads Q and dO once,
 //     then K and V of each visited key tile into a kStages-slot ring;
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each (d 256:
-//     the same 64 rows, half of d each).
+//     the same 64 rows, half of d each; without softcap one computes S, the
+//     other dP, and they trade them: backward_split_exchange.cuh).
 //
 // Why a separate kernel (docs/hopper.md): the dK/dV kernel would otherwise
 // have to reduce dQ across key tiles, through global atomics (not
