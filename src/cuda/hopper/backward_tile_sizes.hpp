@@ -48,10 +48,10 @@ constexpr int kDqWriters = 2;
 
 // d = 256: dK, dV (and dQ) of 64 rows would need 2 x 128 f32 registers per
 // thread, so both consumer warpgroups own the SAME 64 rows and split d:
-// warpgroup w accumulates columns [128 w, 128 w + 128). Each warpgroup
-// computes the full S^T, dP^T (S, dP) of those rows itself (identical bits
-// in both; 1/3 of the GEMM work is redundant), so no exchange through
-// shared memory and no extra barrier is needed.
+// warpgroup w accumulates columns [128 w, 128 w + 128). Both need all of
+// P and dP - D of those rows: traded (kBwdSplitExchange, below) or, under
+// softcap, computed by each (identical bits in both; 1/3 of the GEMM work
+// redundant).
 constexpr bool split_d(int d) { return d > 128; }
 // Split over d, without softcap: instead of both computing S^T and dP^T,
 // warpgroup 0 computes S^T (and P^T), warpgroup 1 dP^T (and dP^T - D), and
