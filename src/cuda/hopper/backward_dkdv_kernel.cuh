@@ -194,7 +194,6 @@ __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const Dkd
     ptx::fence_proxy_async_global();
     ptx::red_release_gpu_add(sem, 1);
   }
-  ptx::bulk_wait_all();
 }
 
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
