@@ -11,10 +11,11 @@
 //   dS^T = P^T o (dP^T - D) [o (1 - v^2) under softcap]
 //   dV  += P^T dO,  dK += dS^T Q          (A = P^T, dS^T)
 // Warps form a kWarpsN x kWarpsD grid: warp (wn, wd) owns keys
-// [16 wn, 16 wn + 16), computes S^T / dP^T for queries
-// [wd kBlockM/kWarpsD, ...) and accumulates dK / dV columns
-// [wd d/kWarpsD, ...). With kWarpsD == 1 the A operands P^T, dS^T come
-// straight from the accumulators; otherwise through shared memory.
+// [kKeysPerWarp wn, kKeysPerWarp (wn + 1)) (kMT m16 tiles; with two, each
+// Q / dO fragment read from shared memory feeds two mma), computes S^T /
+// dP^T for queries [wd kBlockM/kWarpsD, ...) and accumulates dK / dV
+// columns [wd d/kWarpsD, ...). With kWarpsD == 1 the A operands P^T, dS^T
+// come straight from the accumulators; otherwise through shared memory.
 // Q, dO (and lse2, D) are double-buffered: step t+1's loads are issued right
 // after the barrier that opens step t. dK gets the softmax scale at the end.
 //
@@ -94,22 +95,26 @@ __device__ __forceinline__ void red_add2(float* ptr, float x, float y) {
 #endif
 }
 
-// C += A B over kSteps k-steps for one warp's m16 rows, A from a shared tile
-// stored [m][k] (rows a_row0..), B from a shared tile stored [n][k]
-// (rows b_row0.., kNT n8 tiles).
-template <typename Elem, typename ATile, typename BTile, int kSteps, int kNT>
-__device__ __forceinline__ void gemm_ss_nt(float (&c)[1][kNT][4], uint32_t a_tile, int a_row0,
+// C += A B over kSteps k-steps for one warp's kMT m16 tiles of rows, A from a
+// shared tile stored [m][k] (rows a_row0..), B from a shared tile stored
+// [n][k] (rows b_row0.., kNT n8 tiles).
+template <typename Elem, typename ATile, typename BTile, int kSteps, int kMT, int kNT>
+__device__ __forceinline__ void gemm_ss_nt(float (&c)[kMT][kNT][4], uint32_t a_tile, int a_row0,
                                            uint32_t b_tile, int b_row0, int lane) {
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    uint32_t a[4];
-    load_a<ATile>(a, a_tile, a_row0, kk, lane);
+    uint32_t a[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) load_a<ATile>(a[mt], a_tile, a_row0 + mt * kMmaM, kk, lane);
 #pragma unroll
     for (int np = 0; np < kNT / 2; ++np) {
       uint32_t bf[4];
       load_b<BTile>(bf, b_tile, b_row0 + np * 2 * kMmaN, kk, lane);
-      mma_16816<Elem>(c[0][2 * np], a, bf[0], bf[1]);
-      mma_16816<Elem>(c[0][2 * np + 1], a, bf[2], bf[3]);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma_16816<Elem>(c[mt][2 * np], a[mt], bf[0], bf[1]);
+        mma_16816<Elem>(c[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+      }
     }
   }
 }
@@ -121,6 +126,8 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   constexpr int kBN = Tile::kBlockN;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kWarpsD = Tile::kWarpsD;
+  constexpr int kMT = Tile::kKeyTilesPerWarp;  // m16 tiles of keys per warp
+  constexpr int kKeysPerWarp = kMT * kMmaM;
   constexpr int kThreads = Tile::kWarpsN * kWarpsD * kWarpSize;
   constexpr int kQueriesPerWarp = kBM / kWarpsD;
   constexpr int kColsPerWarp = kD / kWarpsD;
@@ -128,7 +135,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   constexpr int kDT = kColsPerWarp / kMmaN;     // n8 tiles of dK, dV per warp
   constexpr int kStepsD = kD / kMmaK;
   constexpr int kStepsM = kBM / kMmaK;
-  static_assert(kBN == Tile::kWarpsN * kMmaM, "each warp owns one m16 tile of keys");
+  static_assert(kBN == Tile::kWarpsN * kKeysPerWarp, "the warps' key rows tile kBlockN");
   static_assert(kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
   using KVTile = SmemTile<kBN, kD>;
   using QTile = SmemTile<kBM, kD>;
@@ -165,7 +172,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   const int tid_ = threadIdx.x;
   const int warp = tid_ / kWarpSize;
   int tid = tid_, lane = tid_ % kWarpSize;  // refreshed by opaque() every step
-  const int key_w = (warp % Tile::kWarpsN) * kMmaM;
+  const int key_w = (warp % Tile::kWarpsN) * kKeysPerWarp;
   const int query_w = (warp / Tile::kWarpsN) * kQueriesPerWarp;
   const int col_w = (warp / Tile::kWarpsN) * kColsPerWarp;
 
@@ -179,7 +186,8 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   // the last key tile; see the deadlock argument above).
   const int num_bhk = p.B * p.Hkv;
   const int tile_rank = int(blockIdx.x) / num_bhk;
-  const int n_block = ordered ? (mask.tk - 1) / kBN - tile_rank : tile_rank;
+  const int n_block =
+      ordered && !kDqAscendingOrder ? (mask.tk - 1) / kBN - tile_rank : tile_rank;
   const int b = (int(blockIdx.x) % num_bhk) / p.Hkv;
   const int hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
   const int group = p.H / p.Hkv;
@@ -193,10 +201,15 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   // stores. Ordered: those key tile n+1 visits (none when this is the last
   // key tile), where it must also wait for n+1; atomic: all of them.
   BlockRange adds{0, INT_MAX};
-  if (ordered) {
+  if (ordered && kDqAscendingOrder) {  // key tile n-1 added before this one
+    adds = n_block > 0 ? mask.query_blocks(n0 - kBN, kBN, kBM) : BlockRange{};
+  } else if (ordered) {  // key tile n+1 added before this one
     const int n1 = n0 + kBN;
     adds = n1 < mask.tk ? mask.query_blocks(n1, min(kBN, mask.tk - n1), kBM) : BlockRange{};
   }
+  // The counter value that says the previous adder is done: key tile n-1
+  // (ascending) or n+1 (descending) publishes its index + 1.
+  const int ready = kDqAscendingOrder ? n_block : n_block + 2;
   const int num_m_tiles = p.tq_padded / kBM;  // counters per (b, h)
   int* signal = nullptr;                      // counter of the last step's query tile
   const int dq_row = (warp % kDqWarpsM) * kMmaM;
@@ -206,10 +219,21 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   const Elem* do_base = static_cast<const Elem*>(p.dout) + b * p.do_stride.batch;
   const int64_t row_ws = int64_t(b) * p.H * p.tq_padded;  // workspace row of (b, h = 0)
 
-  // Loads of step t: query tile m of head h = hk * group + t / num_m.
+  // Step t's (query head, query tile). Query-tile major (kDqAscendingOrder):
+  // the last query tile first, every head of the group at each; so every key
+  // tile of a causal mask reaches (h, m) at the same step. Else head major,
+  // query tiles ascending.
+  auto step_head = [&](int t) {
+    return hk * group + (kDqAscendingOrder ? t % group : t / num_m);
+  };
+  auto step_m_block = [&](int t) {
+    return kDqAscendingOrder ? range.last - t / group : range.first + t % num_m;
+  };
+
+  // Loads of step t.
   auto load_step = [&](int t, int stage) {
-    const int h = hk * group + t / num_m;
-    const int m0 = (range.first + t % num_m) * kBM;
+    const int h = step_head(t);
+    const int m0 = step_m_block(t) * kBM;
     const int rows = mask.tq - m0;
     const uint32_t s_q = s_q0 + stage * kStageBytes;
     load_tile_async<kBM, kD, kThreads>(s_q,
@@ -242,12 +266,12 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   }
   cp_async_commit();
 
-  float acc_dk[1][kDT][4] = {};
-  float acc_dv[1][kDT][4] = {};
+  float acc_dk[kMT][kDT][4] = {};
+  float acc_dv[kMT][kDT][4] = {};
 
   for (int t = 0; t < steps; ++t) {
     const int stage = t % kQueryStages;
-    const int m0 = (range.first + t % num_m) * kBM;
+    const int m0 = step_m_block(t) * kBM;
     const uint32_t s_q = s_q0 + stage * kStageBytes;
     const uint32_t s_do = s_q + QTile::kBytes;
     const float* lse2 = rows_f + 2 * stage * kBM;
@@ -261,10 +285,10 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
     cp_async_commit();
 
     // dP^T first: then the elementwise pass sees v before it is masked.
-    float dp[1][kNT][4] = {};
-    gemm_ss_nt<Elem, KVTile, QTile, kStepsD, kNT>(dp, s_v, key_w, s_do, query_w, lane);
-    float s[1][kNT][4] = {};
-    gemm_ss_nt<Elem, KVTile, QTile, kStepsD, kNT>(s, s_k, key_w, s_q, query_w, lane);
+    float dp[kMT][kNT][4] = {};
+    gemm_ss_nt<Elem, KVTile, QTile, kStepsD>(dp, s_v, key_w, s_do, query_w, lane);
+    float s[kMT][kNT][4] = {};
+    gemm_ss_nt<Elem, KVTile, QTile, kStepsD>(s, s_k, key_w, s_q, query_w, lane);
 
     // s <- P^T, dp <- (dP^T - D) [* (1 - v^2)]; then dS^T = s * dp.
 #pragma unroll
@@ -272,19 +296,24 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = query_w + nt * kMmaN + frag_col(lane) + (e & 1);
-        float v = s[0][nt][e];
-        float dpd = dp[0][nt][e] - dsum[col];
-        if constexpr (kSoftcap) {
-          v = softcap_tanh(v * p.score.pre);
-          dpd *= 1.0f - v * v;
+        const float lse2_col = lse2[col], dsum_col = dsum[col];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          float v = s[mt][nt][e];
+          float dpd = dp[mt][nt][e] - dsum_col;
+          if constexpr (kSoftcap) {
+            v = softcap_tanh(v * p.score.pre);
+            dpd *= 1.0f - v * v;
+          }
+          s[mt][nt][e] = fast_exp2(fmaf(v, p.score.mult, -lse2_col));
+          dp[mt][nt][e] = dpd;
         }
-        s[0][nt][e] = fast_exp2(fmaf(v, p.score.mult, -lse2[col]));
-        dp[0][nt][e] = dpd;
       }
     if (!mask.fully_kept(m0, kBM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/true>(s, n0 + key_w, m0 + query_w, lane, 0.0f);
 
     if constexpr (kWarpsD == 1) {
+      static_assert(kMT == 1, "P^T, dS^T from registers: one m16 tile of keys per warp");
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk) {
         uint32_t a_p[4], a_ds[4];
@@ -328,15 +357,16 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
       // P^T and dS^T of this warp's keys x queries to shared memory; every
       // warp then reads all kBM queries of its keys.
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        float ds[4];
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ds[e] = s[0][nt][e] * dp[0][nt][e];
-        store_acc_frag<PTile, Elem>(smem + (s_p - s_k), s[0][nt], key_w, query_w + nt * kMmaN, 1.0f,
-                                    lane);
-        store_acc_frag<PTile, Elem>(smem + (s_ds - s_k), ds, key_w, query_w + nt * kMmaN, 1.0f,
-                                    lane);
-      }
+        for (int nt = 0; nt < kNT; ++nt) {
+          float ds[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ds[e] = s[mt][nt][e] * dp[mt][nt][e];
+          const int key = key_w + mt * kMmaM, query = query_w + nt * kMmaN;
+          store_acc_frag<PTile, Elem>(smem + (s_p - s_k), s[mt][nt], key, query, 1.0f, lane);
+          store_acc_frag<PTile, Elem>(smem + (s_ds - s_k), ds, key, query, 1.0f, lane);
+        }
       if constexpr (kFusedDq)
         if (ordered) __threadfence();  // dQ adds of step t-1 precede the signal
       __syncthreads();
@@ -344,18 +374,27 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
         if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk) {
-        uint32_t a_p[4], a_ds[4];
-        load_a<PTile>(a_p, s_p, key_w, kk, lane);
-        load_a<PTile>(a_ds, s_ds, key_w, kk, lane);
+        uint32_t a_p[kMT][4], a_ds[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          load_a<PTile>(a_p[mt], s_p, key_w + mt * kMmaM, kk, lane);
+          load_a<PTile>(a_ds[mt], s_ds, key_w + mt * kMmaM, kk, lane);
+        }
 #pragma unroll
         for (int dn = 0; dn < kDT / 2; ++dn) {
           uint32_t bf[4];
           load_b_trans<QTile>(bf, s_do, col_w + dn * 2 * kMmaN, kk, lane);
-          mma_16816<Elem>(acc_dv[0][2 * dn], a_p, bf[0], bf[1]);
-          mma_16816<Elem>(acc_dv[0][2 * dn + 1], a_p, bf[2], bf[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<Elem>(acc_dv[mt][2 * dn], a_p[mt], bf[0], bf[1]);
+            mma_16816<Elem>(acc_dv[mt][2 * dn + 1], a_p[mt], bf[2], bf[3]);
+          }
           load_b_trans<QTile>(bf, s_q, col_w + dn * 2 * kMmaN, kk, lane);
-          mma_16816<Elem>(acc_dk[0][2 * dn], a_ds, bf[0], bf[1]);
-          mma_16816<Elem>(acc_dk[0][2 * dn + 1], a_ds, bf[2], bf[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<Elem>(acc_dk[mt][2 * dn], a_ds[mt], bf[0], bf[1]);
+            mma_16816<Elem>(acc_dk[mt][2 * dn + 1], a_ds[mt], bf[2], bf[3]);
+          }
         }
       }
     }
@@ -364,8 +403,8 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
       // dQ partial of query tile m, head h: dS (queries x keys, read
       // transposed from dS^T) times K; the shared dS^T is complete (barrier
       // above) and is not rewritten before the next step's opening barrier.
-      const int h = hk * group + t / num_m;
-      const int m_block = range.first + t % num_m;
+      const int h = step_head(t);
+      const int m_block = step_m_block(t);
       // Ordered: counter(b, h, m); null when atomic (no waiting, no signal).
       int* const counter =
           ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + m_block : nullptr;
@@ -389,9 +428,9 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
             mma_16816<Elem>(acc_dq[2 * dn + 1], a, bf[2], bf[3]);
           }
         }
-        if (pass == 0 && !first && counter != nullptr) {  // wait for key tile n+1's adds
+        if (pass == 0 && !first && counter != nullptr) {  // wait for the previous adder
           if (lane == 0)
-            while (ld_acquire_gpu(counter) != n_block + 2) __nanosleep(kDqSpinNs);
+            while (ld_acquire_gpu(counter) != ready) __nanosleep(kDqSpinNs);
           __syncwarp();
         }
 #pragma unroll
@@ -421,11 +460,13 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   if constexpr (kFusedDq)
     if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
 #pragma unroll
-  for (int dt = 0; dt < kDT; ++dt) {
-    store_acc_frag<KVTile, Elem>(smem_k, acc_dk[0][dt], key_w, col_w + dt * kMmaN, p.score.scale,
-                                 lane);
-    store_acc_frag<KVTile, Elem>(smem_v, acc_dv[0][dt], key_w, col_w + dt * kMmaN, 1.0f, lane);
-  }
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      const int key = key_w + mt * kMmaM, col = col_w + dt * kMmaN;
+      store_acc_frag<KVTile, Elem>(smem_k, acc_dk[mt][dt], key, col, p.score.scale, lane);
+      store_acc_frag<KVTile, Elem>(smem_v, acc_dv[mt][dt], key, col, 1.0f, lane);
+    }
   __syncthreads();
   Elem* dk = static_cast<Elem*>(p.dk) + b * p.dk_stride.batch + hk * p.dk_stride.head +
              int64_t(n0) * p.dk_stride.row;

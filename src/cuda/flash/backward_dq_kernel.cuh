@@ -13,9 +13,10 @@
 // tile pair instead of FlashAttention-2's 5 (dQ by atomicAdd from the dK/dV
 // kernel, non-deterministic) — about 1.4x the backward's FLOPs.
 //
-// Warp w owns query rows [16 w, 16 w + 16); K and V tiles are
-// double-buffered: step t+1's loads are issued right after the barrier that
-// opens step t.
+// Warp w owns query rows [w kRowsPerWarp, (w + 1) kRowsPerWarp) as kMT m16
+// tiles (d64, d128: two, so every K/V fragment read from shared memory feeds
+// two mma; see DqTile); K and V tiles are double-buffered: step t+1's loads
+// are issued right after the barrier that opens step t.
 #pragma once
 
 #include <cstdint>
@@ -35,11 +36,13 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
   constexpr int kBM = Tile::kBlockM;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kThreads = Tile::kWarps * kWarpSize;
-  constexpr int kNT = kBN / kMmaN;  // n8 tiles of S, dP
-  constexpr int kDT = kD / kMmaN;   // n8 tiles of dQ
+  constexpr int kRowsPerWarp = kBM / Tile::kWarps;
+  constexpr int kMT = kRowsPerWarp / kMmaM;  // m16 tiles of queries per warp
+  constexpr int kNT = kBN / kMmaN;           // n8 tiles of S, dP
+  constexpr int kDT = kD / kMmaN;            // n8 tiles of dQ
   constexpr int kStepsD = kD / kMmaK;
   constexpr int kStepsN = kBN / kMmaK;
-  static_assert(kBM == Tile::kWarps * kMmaM, "each warp owns one m16 tile of queries");
+  static_assert(kRowsPerWarp % kMmaM == 0, "each warp owns whole m16 tiles of queries");
   static_assert(kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
   using QTile = SmemTile<kBM, kD>;
   using KVTile = SmemTile<kBN, kD>;
@@ -51,7 +54,7 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
   constexpr uint32_t kStageBytes = 2 * KVTile::kBytes;
 
   const int tid_ = threadIdx.x;
-  const int row_w = (tid_ / kWarpSize) * kMmaM;
+  const int row_w = (tid_ / kWarpSize) * kRowsPerWarp;
   int tid = tid_, lane = tid_ % kWarpSize;  // refreshed by opaque() every step
 
   // Block -> (query tile, head, batch), longest (last, under causal) first.
@@ -90,12 +93,18 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
   }
   cp_async_commit();
 
-  // lse2 and D of this thread's two rows (g and g + 8 of the warp's tile).
+  // lse2 and D of this thread's rows: g and g + 8 of each of the warp's m16
+  // tiles (index 2 mt + half; the workspace rows are padded to whole tiles).
   const int64_t ws_row = (int64_t(b) * p.H + h) * p.tq_padded + m0 + row_w + frag_row(lane);
-  const float lse2[2] = {p.lse2[ws_row], p.lse2[ws_row + kFragRowHalf]};
-  const float dsum[2] = {p.dsum[ws_row], p.dsum[ws_row + kFragRowHalf]};
+  float lse2[2 * kMT], dsum[2 * kMT];
+#pragma unroll
+  for (int r = 0; r < 2 * kMT; ++r) {
+    const int64_t row = ws_row + (r / 2) * kMmaM + (r % 2) * kFragRowHalf;
+    lse2[r] = p.lse2[row];
+    dsum[r] = p.dsum[row];
+  }
 
-  float acc_dq[kDT][4] = {};
+  float acc_dq[kMT][kDT][4] = {};
 
   for (int n_block = range.last, t = 0; n_block >= range.first; --n_block, ++t) {
     const int n0 = n_block * kBN;
@@ -109,63 +118,79 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
     if (n_block > range.first) load_kv(n_block - 1, (t + 1) % kKeyStages);
     cp_async_commit();
 
-    float dp[kNT][4] = {};
-    float s_tiles[1][kNT][4] = {};  // one m16 tile: the mask policy's shape
-    float(&s)[kNT][4] = s_tiles[0];
+    float dp[kMT][kNT][4] = {};
+    float s[kMT][kNT][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kStepsD; ++kk) {
-      uint32_t a_do[4], a_q[4];
-      load_a<QTile>(a_do, s_do, row_w, kk, lane);
-      load_a<QTile>(a_q, s_q, row_w, kk, lane);
+      uint32_t a_do[kMT][4], a_q[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        load_a<QTile>(a_do[mt], s_do, row_w + mt * kMmaM, kk, lane);
+        load_a<QTile>(a_q[mt], s_q, row_w + mt * kMmaM, kk, lane);
+      }
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bf[4];
         load_b<KVTile>(bf, s_v, np * 2 * kMmaN, kk, lane);
-        mma_16816<Elem>(dp[2 * np], a_do, bf[0], bf[1]);
-        mma_16816<Elem>(dp[2 * np + 1], a_do, bf[2], bf[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<Elem>(dp[mt][2 * np], a_do[mt], bf[0], bf[1]);
+          mma_16816<Elem>(dp[mt][2 * np + 1], a_do[mt], bf[2], bf[3]);
+        }
         load_b<KVTile>(bf, s_k, np * 2 * kMmaN, kk, lane);
-        mma_16816<Elem>(s[2 * np], a_q, bf[0], bf[1]);
-        mma_16816<Elem>(s[2 * np + 1], a_q, bf[2], bf[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<Elem>(s[mt][2 * np], a_q[mt], bf[0], bf[1]);
+          mma_16816<Elem>(s[mt][2 * np + 1], a_q[mt], bf[2], bf[3]);
+        }
       }
     }
 
     // s <- P, dp <- (dP - D) [* (1 - v^2)], computed before masking (v of a
     // masked element may be anything finite; its P is then set to 0).
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        float val = s[nt][e];
-        float dpd = dp[nt][e] - dsum[r];
-        if constexpr (kSoftcap) {
-          val = softcap_tanh(val * p.score.pre);
-          dpd *= 1.0f - val * val;
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = 2 * mt + e / 2;
+          float val = s[mt][nt][e];
+          float dpd = dp[mt][nt][e] - dsum[r];
+          if constexpr (kSoftcap) {
+            val = softcap_tanh(val * p.score.pre);
+            dpd *= 1.0f - val * val;
+          }
+          s[mt][nt][e] = fast_exp2(fmaf(val, p.score.mult, -lse2[r]));
+          dp[mt][nt][e] = dpd;
         }
-        s[nt][e] = fast_exp2(fmaf(val, p.score.mult, -lse2[r]));
-        dp[nt][e] = dpd;
-      }
     if (!mask.fully_kept(m0, kBM, n0, kBN))
-      mask.apply</*kRowsAreKeys=*/false>(s_tiles, m0 + row_w, n0, lane, 0.0f);
+      mask.apply</*kRowsAreKeys=*/false>(s, m0 + row_w, n0, lane, 0.0f);
 
-      // dQ += dS K, dS = P * dp straight from the accumulators.
+    // dQ += dS K, dS = P * dp straight from the accumulators.
 #pragma unroll
     for (int kk = 0; kk < kStepsN; ++kk) {
-      const float(&s0)[4] = s[2 * kk];
-      const float(&s1)[4] = s[2 * kk + 1];
-      const float(&d0)[4] = dp[2 * kk];
-      const float(&d1)[4] = dp[2 * kk + 1];
-      uint32_t a_ds[4];
-      a_ds[0] = pack2<Elem>(s0[0] * d0[0], s0[1] * d0[1]);
-      a_ds[1] = pack2<Elem>(s0[2] * d0[2], s0[3] * d0[3]);
-      a_ds[2] = pack2<Elem>(s1[0] * d1[0], s1[1] * d1[1]);
-      a_ds[3] = pack2<Elem>(s1[2] * d1[2], s1[3] * d1[3]);
+      uint32_t a_ds[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        const float(&s0)[4] = s[mt][2 * kk];
+        const float(&s1)[4] = s[mt][2 * kk + 1];
+        const float(&d0)[4] = dp[mt][2 * kk];
+        const float(&d1)[4] = dp[mt][2 * kk + 1];
+        a_ds[mt][0] = pack2<Elem>(s0[0] * d0[0], s0[1] * d0[1]);
+        a_ds[mt][1] = pack2<Elem>(s0[2] * d0[2], s0[3] * d0[3]);
+        a_ds[mt][2] = pack2<Elem>(s1[0] * d1[0], s1[1] * d1[1]);
+        a_ds[mt][3] = pack2<Elem>(s1[2] * d1[2], s1[3] * d1[3]);
+      }
 #pragma unroll
       for (int dn = 0; dn < kDT / 2; ++dn) {
         uint32_t bf[4];
         load_b_trans<KVTile>(bf, s_k, dn * 2 * kMmaN, kk, lane);
-        mma_16816<Elem>(acc_dq[2 * dn], a_ds, bf[0], bf[1]);
-        mma_16816<Elem>(acc_dq[2 * dn + 1], a_ds, bf[2], bf[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<Elem>(acc_dq[mt][2 * dn], a_ds[mt], bf[0], bf[1]);
+          mma_16816<Elem>(acc_dq[mt][2 * dn + 1], a_ds[mt], bf[2], bf[3]);
+        }
       }
     }
   }
@@ -176,8 +201,11 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
   cp_async_wait<0>();
   __syncthreads();
 #pragma unroll
-  for (int dt = 0; dt < kDT; ++dt)
-    store_acc_frag<QTile, Elem>(smem, acc_dq[dt], row_w, dt * kMmaN, p.score.scale, lane);
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+      store_acc_frag<QTile, Elem>(smem, acc_dq[mt][dt], row_w + mt * kMmaM, dt * kMmaN,
+                                  p.score.scale, lane);
   __syncthreads();
   Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch + int64_t(m0) * p.dq_stride.row +
              h * p.dq_stride.head;

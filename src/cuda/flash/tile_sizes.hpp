@@ -46,17 +46,18 @@ template <>
 struct ForwardTile<64> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4;
 };
-// d128: 4 warps x 32 rows (two m16 tiles) on 32-key tiles halves the shared
-// memory read per FLOP of 8 warps x 16 rows on 64-key tiles (each K/V
-// fragment feeds two mma; per 16 rows x 64 keys: K+V 16 KB + Q 8 KB instead
-// of 32 KB + 4 KB), which bounds the mma.sync loop on H100/H200 (128 B/clk).
-// O 128 + S 32 f32 registers fit without spills (245); 64-key tiles spill.
-// Set to false for the previous 8 warps x 16 rows, 128 x 64.
+// d128: 4 warps x 32 rows (two m16 tiles) on 64-key tiles, FlashAttention-2's
+// sm90 shape: half the shared memory read per FLOP of 8 warps x 16 rows
+// (each K/V fragment feeds two mma; per 16 rows x 64 keys: K+V 16 KB + Q
+// 8 KB instead of 32 KB + 4 KB), which bounds the mma.sync loop on
+// H100/H200 (128 B/clk). O 128 + S 64 f32 registers: ptxas spills the four
+// row sums across the loop's back edge (4 STL + 4 LDL per 64 keys); still
+// 8% faster than 32-key tiles, which fit (T4k 271 -> 293 TFLOP/s, H200).
+// Set to false for the previous 8 warps x 16 rows.
 constexpr bool kForwardD128TwoTilesPerWarp = true;
 template <>
 struct ForwardTile<128> {
-  static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = kForwardD128TwoTilesPerWarp ? 32 : 64;
+  static constexpr int kBlockM = 128, kBlockN = 64;
   static constexpr int kWarps = kForwardD128TwoTilesPerWarp ? 4 : 8;
 };
 template <>
@@ -64,30 +65,61 @@ struct ForwardTile<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4;
 };
 
+// dK/dV, d128: warps 4 (keys, 32 each: two m16 tiles) x 2 (dK/dV columns,
+// 64 each; S^T / dP^T queries, 32 each), P^T and dS^T through shared memory,
+// instead of 8 warps x 16 keys with P^T, dS^T in registers. Per step every
+// warp of the 8 x 1 grid read the whole Q and dO tiles for each of its four
+// products (72 KB per warp, 576 KB per step); the 4 x 2 grid reads 60 KB per
+// warp including the P^T / dS^T round trip (480 KB). dK 64 + dV 64 + S^T 32
+// + dP^T 32 f32 registers per thread. d64 gains nothing from the split
+// (288 KB per step either way) and keeps 8 x 1. Set to false for 8 x 1.
+constexpr bool kDkdvD128SplitWarps = true;
 template <int kD>
 struct DkdvTile;
 template <>
 struct DkdvTile<64> {
   static constexpr int kBlockN = 128, kBlockM = 64, kWarpsN = 8, kWarpsD = 1;
+  static constexpr int kKeyTilesPerWarp = 1;
 };
 template <>
 struct DkdvTile<128> {
-  static constexpr int kBlockN = 128, kBlockM = 64, kWarpsN = 8, kWarpsD = 1;
+  static constexpr int kBlockN = 128, kBlockM = 64;
+  static constexpr int kWarpsN = kDkdvD128SplitWarps ? 4 : 8;
+  static constexpr int kWarpsD = kDkdvD128SplitWarps ? 2 : 1;
+  static constexpr int kKeyTilesPerWarp = kDkdvD128SplitWarps ? 2 : 1;
 };
+// d256: warps 2 (keys, 32 each) x 4 (columns, 64 each; S^T queries, 16
+// each) instead of 4 x 2 with 16 keys: 576 instead of 672 KB of shared
+// memory read per step. Set to false for 4 x 2.
+constexpr bool kDkdvD256TwoKeyTiles = true;
 template <>
 struct DkdvTile<256> {
-  static constexpr int kBlockN = 64, kBlockM = 64, kWarpsN = 4, kWarpsD = 2;
+  static constexpr int kBlockN = 64, kBlockM = 64;
+  static constexpr int kWarpsN = kDkdvD256TwoKeyTiles ? 2 : 4;
+  static constexpr int kWarpsD = kDkdvD256TwoKeyTiles ? 4 : 2;
+  static constexpr int kKeyTilesPerWarp = kDkdvD256TwoKeyTiles ? 2 : 1;
 };
 
+// dQ, d64 and d128: 4 warps x 32 query rows (two m16 tiles) instead of 8 x
+// 16, the forward's trade: each warp reads K (twice) and V once per step for
+// its rows, so two m16 tiles per warp halve those shared-memory reads per
+// FLOP (the 8-warp kernel ran at 76% of shared-memory wavefronts, 48%
+// tensor pipe). d128 takes 32-key tiles to keep dQ 128 + S 32 + dP 32 f32
+// registers per thread; d64 keeps 64-key tiles (64 + 64 + 64). Set to false
+// for the previous 8 warps x 16 rows.
+constexpr bool kDqTwoTilesPerWarp = true;
 template <int kD>
 struct DqTile;
 template <>
 struct DqTile<64> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8;
+  static constexpr int kBlockM = 128, kBlockN = 64;
+  static constexpr int kWarps = kDqTwoTilesPerWarp ? 4 : 8;
 };
 template <>
 struct DqTile<128> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = kDqTwoTilesPerWarp ? 32 : 64;
+  static constexpr int kWarps = kDqTwoTilesPerWarp ? 4 : 8;
 };
 template <>
 struct DqTile<256> {
@@ -105,6 +137,13 @@ enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 // backend picks kAtomic itself.
 constexpr DqStrategy kDefaultDqStrategy = DqStrategy::kSeparate;
 static_assert(kDefaultDqStrategy != DqStrategy::kAtomic, "the default must be deterministic");
+
+// Ordered dQ's add order. true: ascending key tiles, the grid's own
+// (longest first) order, with each CTA walking its query tiles last first
+// and the heads of its group inside each (cuda-hopper's order: every key tile
+// of a causal mask reaches a query tile at the same step). false: descending
+// key tiles on a reversed grid, query tiles ascending inside each head.
+constexpr bool kDqAscendingOrder = true;
 
 // Fused (ordered or atomic) dQ: warps of the dK/dV kernel form a
 // (kBlockM / 16) x rest grid over the dQ partial; each warp adds at most
