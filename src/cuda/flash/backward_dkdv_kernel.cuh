@@ -186,8 +186,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   // the last key tile; see the deadlock argument above).
   const int num_bhk = p.B * p.Hkv;
   const int tile_rank = int(blockIdx.x) / num_bhk;
-  const int n_block =
-      ordered && !kDqAscendingOrder ? (mask.tk - 1) / kBN - tile_rank : tile_rank;
+  const int n_block = ordered && !kDqAscendingOrder ? (mask.tk - 1) / kBN - tile_rank : tile_rank;
   const int b = (int(blockIdx.x) % num_bhk) / p.Hkv;
   const int hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
   const int group = p.H / p.Hkv;
@@ -223,9 +222,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   // the last query tile first, every head of the group at each; so every key
   // tile of a causal mask reaches (h, m) at the same step. Else head major,
   // query tiles ascending.
-  auto step_head = [&](int t) {
-    return hk * group + (kDqAscendingOrder ? t % group : t / num_m);
-  };
+  auto step_head = [&](int t) { return hk * group + (kDqAscendingOrder ? t % group : t / num_m); };
   auto step_m_block = [&](int t) {
     return kDqAscendingOrder ? range.last - t / group : range.first + t % num_m;
   };

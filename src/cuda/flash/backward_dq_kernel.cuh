@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
     if (!mask.fully_kept(m0, kBM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, m0 + row_w, n0, lane, 0.0f);
 
-    // dQ += dS K, dS = P * dp straight from the accumulators.
+      // dQ += dS K, dS = P * dp straight from the accumulators.
 #pragma unroll
     for (int kk = 0; kk < kStepsN; ++kk) {
       uint32_t a_ds[kMT][4];
