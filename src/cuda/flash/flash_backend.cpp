@@ -94,15 +94,16 @@ std::string why_not_resident(const TensorRef& t, const char* name) {
 
 // The dQ strategy of this call. GQATTN_FLASH_DQ=ordered|separate|atomic
 // when set (lets tests and benchmarks compare them); else, with
-// Options::deterministic (the default) the compiled default, without it the
-// fastest, atomic. Atomic is never run for a call that asked for
-// deterministic results: GQATTN_FLASH_DQ=atomic then throws, as does an
-// unknown value (a typo must not silently measure something else).
-flash::DqStrategy dq_strategy(bool deterministic) {
+// Options::deterministic (the default) the faster deterministic one for this
+// problem (flash::default_dq_strategy), without it the fastest, atomic. Atomic is never run for a
+// call that asked for deterministic results: GQATTN_FLASH_DQ=atomic then throws, as does an unknown
+// value (a typo must not silently measure something else).
+flash::DqStrategy dq_strategy(const Problem& problem, bool deterministic) {
   constexpr const char* kVar = "GQATTN_FLASH_DQ";
   const char* env = std::getenv(kVar);
   if (env == nullptr || *env == '\0')
-    return deterministic ? flash::kDefaultDqStrategy : flash::DqStrategy::kAtomic;
+    return deterministic ? flash::default_dq_strategy(int(problem.d), problem.softcap > 0.0)
+                         : flash::DqStrategy::kAtomic;
   if (std::strcmp(env, "ordered") == 0) return flash::DqStrategy::kOrdered;
   if (std::strcmp(env, "separate") == 0) return flash::DqStrategy::kSeparate;
   if (std::strcmp(env, "atomic") == 0) {
@@ -183,7 +184,7 @@ class CudaFlashBackend final : public BackendImpl {
     const int64_t padded = p.tq_padded;
 
     // Before anything is allocated or written: may throw (see dq_strategy).
-    const flash::DqStrategy strategy = dq_strategy(a.options.deterministic);
+    const flash::DqStrategy strategy = dq_strategy(a.problem, a.options.deterministic);
     const bool ordered = strategy == flash::DqStrategy::kOrdered;
     const bool fused = ordered || strategy == flash::DqStrategy::kAtomic;
 

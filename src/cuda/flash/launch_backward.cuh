@@ -4,8 +4,8 @@
 // caller's stream, 1-D grids. With p.dq_accum set (fused dQ) the dK/dV
 // kernel also adds dQ into it and the postprocess kernel writes dq instead
 // of the dQ kernel: ordered (p.dq_counters set) zeroes the counters and the
-// kernel adds in descending key-tile order (its grid then runs highest key
-// tile first: see backward_dkdv_kernel.cuh); atomic (p.dq_counters null,
+// kernel adds in ascending key-tile order (see backward_dkdv_kernel.cuh);
+// atomic (p.dq_counters null,
 // not deterministic) zeroes the accumulator instead. Instantiated per head
 // dimension by launch_backward_d*.cu. Checked through
 // tests/gpu/test_flash_*.cpp.

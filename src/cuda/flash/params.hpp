@@ -77,8 +77,8 @@ struct BackwardParams {
   // dq_counters is non-null too: dq_counters [B*H, tq_padded /
   // DkdvTile::kBlockM] int, zero before the dK/dV kernel (0: no key tile has
   // reached the query tile; n + 1: key tile n has added, the last so far:
-  // the adds go in descending key-tile order), and dq_accum is never zeroed
-  // (the first key tile to reach a query tile, the highest, stores; later
+  // the adds go in ascending key-tile order), and dq_accum is never zeroed
+  // (the first key tile to reach a query tile, the lowest, stores; later
   // ones add). Atomic (not deterministic) when dq_counters is null: dq_accum
   // is zeroed and every key tile adds.
   float* dq_accum = nullptr;

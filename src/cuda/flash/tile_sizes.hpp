@@ -7,24 +7,25 @@
 // Choices (FlashAttention-2's sm80 shapes, adjusted to keep every
 // accumulator in registers without spills):
 // - forward: a CTA owns kBlockM query rows, kWarps warps of kBlockM/kWarps
-//   rows each (d64: two m16 tiles per warp, so each K/V fragment loaded from
-//   shared memory feeds two mma; d128: two on 32-key tiles, see below;
-//   d256: one); key tiles of kBlockN, K and V single-buffered and staggered
-//   (V(n) loads during S = Q K^T, K(n-1) during softmax and P V).
+//   rows each (d64, d128: two m16 tiles per warp, so each K/V fragment
+//   loaded from shared memory feeds two mma; d256: one); key tiles of
+//   kBlockN, K and V single-buffered and staggered (V(n) loads during
+//   S = Q K^T, K(n-1) during softmax and P V).
 // - dK/dV: a CTA owns kBlockN keys of one kv head; warps are a kWarpsN x
-//   kWarpsD grid, each warp 16 keys x (d / kWarpsD) columns of dK and dV;
-//   query tiles of kBlockM double-buffered. With kWarpsD == 1 P^T and dS^T
-//   stay in registers as the A operand of dV += P^T dO and dK += dS^T Q;
-//   with kWarpsD == 2 (d = 256, where 16 x 256 x 2 accumulators would not fit)
-//   they go through shared memory.
+//   kWarpsD grid, each warp kKeyTilesPerWarp m16 tiles of keys x
+//   (d / kWarpsD) columns of dK and dV; query tiles of kBlockM
+//   double-buffered. With kWarpsD == 1 P^T and dS^T stay in registers as the
+//   A operand of dV += P^T dO and dK += dS^T Q; otherwise (d128, d256, where
+//   a warp's keys x d accumulators would not fit) they go through shared
+//   memory.
 // - dQ, three strategies (DqStrategy, chosen per call by the backend, see
 //   flash_backend.cpp; the first two deterministic):
-//   separate: a dQ kernel: a CTA owns kBlockM query rows, 16 per warp; key
-//     tiles of kBlockN double-buffered; recomputes S and dP (7 GEMMs per
-//     tile pair in all).
+//   separate: a dQ kernel: a CTA owns kBlockM query rows (d64, d128: 32 per
+//     warp; d256: 16); key tiles of kBlockN double-buffered; recomputes S
+//     and dP (7 GEMMs per tile pair in all).
 //   ordered: the dK/dV kernel also computes each step's dQ partial
 //     dS (kBlockM x kBlockN) K (through a dS^T tile in shared memory) and
-//     adds it into an f32 accumulator [B*H, tq_padded, d] in descending
+//     adds it into an f32 accumulator [B*H, tq_padded, d] in ascending
 //     key-tile order, enforced by one counter per (b, h, query tile)
 //     (5 GEMMs); a postprocess kernel scales and converts it.
 //   atomic: the same kernels without counters: every partial is red.add-ed
@@ -132,18 +133,20 @@ struct DqTile<256> {
 enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 // The deterministic strategy the backend uses when the environment does not
 // choose (GQATTN_FLASH_DQ=ordered|separate|atomic, read by
-// flash_backend.cpp). Flip to kOrdered if the descending-order path measures
-// faster on the GPU. Never kAtomic: with Options::deterministic == false the
-// backend picks kAtomic itself.
-constexpr DqStrategy kDefaultDqStrategy = DqStrategy::kSeparate;
-static_assert(kDefaultDqStrategy != DqStrategy::kAtomic, "the default must be deterministic");
-
-// Ordered dQ's add order. true: ascending key tiles, the grid's own
-// (longest first) order, with each CTA walking its query tiles last first
-// and the heads of its group inside each (cuda-hopper's order: every key tile
-// of a causal mask reaches a query tile at the same step). false: descending
-// key tiles on a reversed grid, query tiles ascending inside each head.
-constexpr bool kDqAscendingOrder = true;
+// flash_backend.cpp): ordered where it measured faster than separate on the
+// H200 (2026-11-30, bwd TFLOP/s ordered vs separate: d256 causal 188 vs 176,
+// d256 w4096 cap50 179 vs 174, d128 softcap 30 215 vs 197), separate
+// elsewhere (d64 175 vs 203, d128 causal T1k 186 vs 191; T4k, T16k,
+// non-causal and w1024 within 1%; d64 with softcap not measured, so it
+// keeps d64's choice). Never kAtomic: with Options::deterministic == false
+// the backend picks kAtomic itself.
+constexpr DqStrategy default_dq_strategy(int d, bool softcap) {
+  return d == 256 || (d == 128 && softcap) ? DqStrategy::kOrdered : DqStrategy::kSeparate;
+}
+static_assert(default_dq_strategy(64, false) != DqStrategy::kAtomic &&
+                  default_dq_strategy(128, true) != DqStrategy::kAtomic &&
+                  default_dq_strategy(256, false) != DqStrategy::kAtomic,
+              "the default must be deterministic");
 
 // Fused (ordered or atomic) dQ: warps of the dK/dV kernel form a
 // (kBlockM / 16) x rest grid over the dQ partial; each warp adds at most

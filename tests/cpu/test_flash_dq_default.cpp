@@ -1,0 +1,29 @@
+// cuda-flash's default dQ strategy per problem (tile_sizes.hpp,
+// default_dq_strategy): plain C++, so checked here without a GPU. The GPU
+// tests (tests/gpu/test_flash_correctness.cpp) run both deterministic
+// strategies on every case; this pins which one a call gets by default.
+#include <gtest/gtest.h>
+
+#include "cuda/flash/tile_sizes.hpp"
+
+namespace {
+
+using gqattn::flash::default_dq_strategy;
+using gqattn::flash::DqStrategy;
+
+TEST(FlashDqDefault, OrderedForD256AndD128SoftcapSeparateElsewhere) {
+  EXPECT_EQ(default_dq_strategy(64, false), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(128, false), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(256, false), DqStrategy::kOrdered);
+  EXPECT_EQ(default_dq_strategy(64, true), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(128, true), DqStrategy::kOrdered);
+  EXPECT_EQ(default_dq_strategy(256, true), DqStrategy::kOrdered);
+}
+
+TEST(FlashDqDefault, NeverAtomic) {
+  for (int d : {64, 128, 256})
+    for (bool softcap : {false, true})
+      EXPECT_NE(default_dq_strategy(d, softcap), DqStrategy::kAtomic);
+}
+
+}  // namespace
