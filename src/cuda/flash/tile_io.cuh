@@ -64,19 +64,26 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // Issues the loads of a [kRows x kCols] tile whose row r starts at
 // gmem + r * row_stride (elements); rows >= rows_valid are zero-filled.
+// Thread tid loads chunk tid % kChunksPerRow of rows tid / kChunksPerRow +
+// kRowsPerPass * it: the addresses are one per-thread base plus a multiple
+// of the row stride (the loads sit in the kernels' main loops, where
+// per-chunk index arithmetic cost as much issue time as the copies).
 template <int kRows, int kCols, int kThreads, typename Elem>
 __device__ __forceinline__ void load_tile_async(uint32_t smem, const Elem* gmem, int64_t row_stride,
                                                 int rows_valid, int tid) {
   using Tile = SmemTile<kRows, kCols>;
   constexpr int kChunks = kRows * Tile::kChunksPerRow;
   static_assert(kChunks % kThreads == 0, "tile chunks must divide evenly over the threads");
+  static_assert(kThreads % Tile::kChunksPerRow == 0, "every pass covers whole rows");
+  constexpr int kRowsPerPass = kThreads / Tile::kChunksPerRow;
+  const int row0 = int(unsigned(tid) / Tile::kChunksPerRow);
+  const int chunk = int(unsigned(tid) % Tile::kChunksPerRow);
+  const Elem* src0 = gmem + row0 * row_stride + chunk * kElemsPerChunk;
 #pragma unroll
   for (int it = 0; it < kChunks / kThreads; ++it) {
-    const int c = it * kThreads + tid;
-    const int row = c / Tile::kChunksPerRow;
-    const int chunk = c % Tile::kChunksPerRow;
+    const int row = row0 + it * kRowsPerPass;
     const bool valid = row < rows_valid;
-    const Elem* src = valid ? gmem + row * row_stride + chunk * kElemsPerChunk : gmem;
+    const Elem* src = valid ? src0 + int64_t(it * kRowsPerPass) * row_stride : gmem;
     cp_async_16(smem + Tile::offset(row, chunk), src, valid);
   }
 }
@@ -115,47 +122,74 @@ __device__ __forceinline__ void store_acc_frag(unsigned char* smem, const float 
 }
 
 // ---- fragment loads (see mma.cuh for the register layouts) ------------------
+//
+// Address arithmetic: every lane reads rows whose index mod 8 is lane % 8
+// (the tile offsets row0 / n0 / k are multiples of 8; the transposed loads'
+// column offsets multiples of 16), so the swizzled chunk of logical chunk c
+// is c ^ (lane % 8). With c = 2 kk + h (h in {0, 1}) that is
+// (h ^ lane % 8) ^ 2 kk: the k-step enters as an XOR of kk << 5 on a
+// per-lane offset, one instruction per load; it touches only bits below the
+// row size (2 kk < kChunksPerRow), so it never carries into the row part.
 
-// A fragment (16 rows x k16) at rows row0..row0+15, k-step kk, of a tile
-// stored [row][k].
+// Per-lane offset of the A pattern (rows lane % 16, chunk lane / 16).
 template <typename Tile>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0, int kk,
-                                       int lane) {
-  const int row = row0 + (lane & 15);
-  const int chunk = kk * 2 + (lane >> 4);
-  ldsm_x4(a, tile + Tile::offset(row, chunk));
+__device__ __forceinline__ uint32_t a_lane_offset(int lane) {
+  return uint32_t((lane & 15) * Tile::kRowBytes + (((lane >> 4) ^ (lane & 7)) << 4));
+}
+// Per-lane offset of the B pattern (rows lane % 8 + 8 (lane / 16), chunk
+// (lane / 8) % 2).
+template <typename Tile>
+__device__ __forceinline__ uint32_t b_lane_offset(int lane) {
+  return uint32_t(((lane & 7) + ((lane >> 4) << 3)) * Tile::kRowBytes +
+                  ((((lane >> 3) & 1) ^ (lane & 7)) << 4));
+}
+// Per-lane offset of the transposed B pattern (rows lane % 8 + 8 ((lane / 8)
+// % 2), chunk lane / 16).
+template <typename Tile>
+__device__ __forceinline__ uint32_t b_trans_lane_offset(int lane) {
+  return uint32_t(((lane & 7) + (((lane >> 3) & 1) << 3)) * Tile::kRowBytes +
+                  (((lane >> 4) ^ (lane & 7)) << 4));
 }
 
 // A fragment (16 rows x k16) at rows row0..row0+15 (row0 a multiple of 8),
+// k-step kk, of a tile stored [row][k].
+template <typename Tile>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0, int kk,
+                                       int lane) {
+  ldsm_x4(
+      a, tile + uint32_t(row0 * Tile::kRowBytes) + (a_lane_offset<Tile>(lane) ^ uint32_t(kk << 5)));
+}
+
+// A fragment (16 rows x k16) at rows row0..row0+15 (row0 a multiple of 16),
 // k-step kk, of a tile stored transposed, [k][row] (dS^T in the dK/dV
 // kernel's dQ partial), via ldmatrix.trans. Matrix i = lane / 8 is a0..a3:
-// odd i are rows + 8 (the next chunk), i >= 2 are k + 8 (the next 8 rows).
+// odd i are rows + 8 (the next chunk), i >= 2 are k + 8 (the next 8 rows):
+// the B pattern's lane offset, with the column block row0 / 8 (even) XORed in.
 template <typename Tile>
 __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], uint32_t tile, int row0, int kk,
                                              int lane) {
-  const int k = kk * kMmaK + (lane & 7) + ((lane >> 4) << 3);
-  const int chunk = row0 / kElemsPerChunk + ((lane >> 3) & 1);
-  ldsm_x4_trans(a, tile + Tile::offset(k, chunk));
+  ldsm_x4_trans(a, tile + uint32_t(kk * kMmaK * Tile::kRowBytes) +
+                       (b_lane_offset<Tile>(lane) ^ uint32_t(row0 << 1)));
 }
 
-// B fragments of two n8 tiles (n = n0..n0+15) at k-step kk, from a tile
-// stored [n][k] (K in S = Q K^T). b[0], b[1]: n-tile n0; b[2], b[3]: n0 + 8.
+// B fragments of two n8 tiles (n = n0..n0+15, n0 a multiple of 8) at k-step
+// kk, from a tile stored [n][k] (K in S = Q K^T). b[0], b[1]: n-tile n0;
+// b[2], b[3]: n0 + 8.
 template <typename Tile>
 __device__ __forceinline__ void load_b(uint32_t (&b)[4], uint32_t tile, int n0, int kk, int lane) {
-  const int row = n0 + (lane & 7) + ((lane >> 4) << 3);
-  const int chunk = kk * 2 + ((lane >> 3) & 1);
-  ldsm_x4(b, tile + Tile::offset(row, chunk));
+  ldsm_x4(b,
+          tile + uint32_t(n0 * Tile::kRowBytes) + (b_lane_offset<Tile>(lane) ^ uint32_t(kk << 5)));
 }
 
 // B fragments of two n8 tiles (n = n0..n0+15, n0 a multiple of 16) at
 // k-step kk, from a tile stored [k][n] (V in O = P V), via ldmatrix.trans.
-// b[0], b[1]: n-tile n0; b[2], b[3]: n0 + 8.
+// b[0], b[1]: n-tile n0; b[2], b[3]: n0 + 8. The column block n0 / 8 (even)
+// enters as an XOR, like kk above.
 template <typename Tile>
 __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], uint32_t tile, int n0, int kk,
                                              int lane) {
-  const int row = kk * kMmaK + (lane & 7) + (((lane >> 3) & 1) << 3);
-  const int chunk = n0 / kElemsPerChunk + (lane >> 4);
-  ldsm_x4_trans(b, tile + Tile::offset(row, chunk));
+  ldsm_x4_trans(b, tile + uint32_t(kk * kMmaK * Tile::kRowBytes) +
+                       (b_trans_lane_offset<Tile>(lane) ^ uint32_t(n0 << 1)));
 }
 
 }  // namespace gqattn::flash
