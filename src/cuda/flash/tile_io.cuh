@@ -1,45 +1,17 @@
 // cuda-flash: moving [rows x d] tiles of 16-bit elements between global and
-// shared memory (cp.async, 16-byte chunks, zero fill past the end), the
-// XOR-swizzled shared layout, and the ldmatrix address patterns that load
-// mma fragments from it. Checked through the kernels' tests against the f64
-// oracle (tests/gpu/test_flash_*.cpp), including T not a multiple of a tile.
-//
-// Layout invariant: a tile is row-major with rows of kCols 16-bit elements;
-// each row is split into 16-byte chunks and chunk c of row r is stored at
-// chunk position c ^ (r % 8). ldmatrix reads 8 rows at one logical chunk:
-// after the swizzle those are 8 distinct 16-byte bank groups (rows are a
-// multiple of 128 bytes), so loads and the 16-byte cp.async stores are free of
-// bank conflicts.
+// shared memory (cp.async, 16-byte chunks, zero fill past the end) and the
+// ldmatrix loads of mma fragments, on the swizzled layout of smem_layout.hpp.
+// Checked through the kernels' tests against the f64 oracle
+// (tests/gpu/test_flash_*.cpp), including T not a multiple of a tile; the
+// fragment offsets also on the CPU (tests/cpu/test_flash_smem_layout.cpp).
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/flash/mma.cuh"
+#include "cuda/flash/smem_layout.hpp"
 
 namespace gqattn::flash {
-
-constexpr int kChunkBytes = 16;  // one cp.async / one ldmatrix row
-constexpr int kElemsPerChunk = 8;
-constexpr int kSwizzleRows = 8;  // rows after which the XOR pattern repeats
-
-template <int kRows, int kCols>
-struct SmemTile {
-  static constexpr int kRowBytes = kCols * 2;
-  static constexpr int kChunksPerRow = kCols / kElemsPerChunk;
-  static constexpr int kBytes = kRows * kRowBytes;
-  static_assert(kRowBytes % (kSwizzleRows * kChunkBytes) == 0,
-                "rows must span whole 128-byte swizzle atoms");
-  static_assert(kRows % kSwizzleRows == 0, "rows must be a multiple of the swizzle period");
-
-  // Byte offset of chunk `chunk` of row `row`.
-  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
-    return uint32_t(row * kRowBytes + ((chunk ^ (row % kSwizzleRows)) * kChunkBytes));
-  }
-  // Byte offset of element (row, col).
-  __device__ __forceinline__ static uint32_t elem_offset(int row, int col) {
-    return offset(row, col / kElemsPerChunk) + uint32_t((col % kElemsPerChunk) * 2);
-  }
-};
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -122,54 +94,24 @@ __device__ __forceinline__ void store_acc_frag(unsigned char* smem, const float 
 }
 
 // ---- fragment loads (see mma.cuh for the register layouts) ------------------
-//
-// Address arithmetic: every lane reads rows whose index mod 8 is lane % 8
-// (the tile offsets row0 / n0 / k are multiples of 8; the transposed loads'
-// column offsets multiples of 16), so the swizzled chunk of logical chunk c
-// is c ^ (lane % 8). With c = 2 kk + h (h in {0, 1}) that is
-// (h ^ lane % 8) ^ 2 kk: the k-step enters as an XOR of kk << 5 on a
-// per-lane offset, one instruction per load; it touches only bits below the
-// row size (2 kk < kChunksPerRow), so it never carries into the row part.
-
-// Per-lane offset of the A pattern (rows lane % 16, chunk lane / 16).
-template <typename Tile>
-__device__ __forceinline__ uint32_t a_lane_offset(int lane) {
-  return uint32_t((lane & 15) * Tile::kRowBytes + (((lane >> 4) ^ (lane & 7)) << 4));
-}
-// Per-lane offset of the B pattern (rows lane % 8 + 8 (lane / 16), chunk
-// (lane / 8) % 2).
-template <typename Tile>
-__device__ __forceinline__ uint32_t b_lane_offset(int lane) {
-  return uint32_t(((lane & 7) + ((lane >> 4) << 3)) * Tile::kRowBytes +
-                  ((((lane >> 3) & 1) ^ (lane & 7)) << 4));
-}
-// Per-lane offset of the transposed B pattern (rows lane % 8 + 8 ((lane / 8)
-// % 2), chunk lane / 16).
-template <typename Tile>
-__device__ __forceinline__ uint32_t b_trans_lane_offset(int lane) {
-  return uint32_t(((lane & 7) + (((lane >> 3) & 1) << 3)) * Tile::kRowBytes +
-                  (((lane >> 4) ^ (lane & 7)) << 4));
-}
+// Addresses: smem_layout.hpp's *_fragment_address (one XOR per load).
 
 // A fragment (16 rows x k16) at rows row0..row0+15 (row0 a multiple of 8),
 // k-step kk, of a tile stored [row][k].
 template <typename Tile>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0, int kk,
                                        int lane) {
-  ldsm_x4(
-      a, tile + uint32_t(row0 * Tile::kRowBytes) + (a_lane_offset<Tile>(lane) ^ uint32_t(kk << 5)));
+  ldsm_x4(a, a_fragment_address<Tile>(tile, row0, kk, lane));
 }
 
 // A fragment (16 rows x k16) at rows row0..row0+15 (row0 a multiple of 16),
 // k-step kk, of a tile stored transposed, [k][row] (dS^T in the dK/dV
 // kernel's dQ partial), via ldmatrix.trans. Matrix i = lane / 8 is a0..a3:
-// odd i are rows + 8 (the next chunk), i >= 2 are k + 8 (the next 8 rows):
-// the B pattern's lane offset, with the column block row0 / 8 (even) XORed in.
+// odd i are rows + 8 (the next chunk), i >= 2 are k + 8 (the next 8 rows).
 template <typename Tile>
 __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], uint32_t tile, int row0, int kk,
                                              int lane) {
-  ldsm_x4_trans(a, tile + uint32_t(kk * kMmaK * Tile::kRowBytes) +
-                       (b_lane_offset<Tile>(lane) ^ uint32_t(row0 << 1)));
+  ldsm_x4_trans(a, a_trans_fragment_address<Tile>(tile, row0, kk, lane));
 }
 
 // B fragments of two n8 tiles (n = n0..n0+15, n0 a multiple of 8) at k-step
@@ -177,19 +119,16 @@ __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], uint32_t tile, in
 // b[2], b[3]: n0 + 8.
 template <typename Tile>
 __device__ __forceinline__ void load_b(uint32_t (&b)[4], uint32_t tile, int n0, int kk, int lane) {
-  ldsm_x4(b,
-          tile + uint32_t(n0 * Tile::kRowBytes) + (b_lane_offset<Tile>(lane) ^ uint32_t(kk << 5)));
+  ldsm_x4(b, b_fragment_address<Tile>(tile, n0, kk, lane));
 }
 
 // B fragments of two n8 tiles (n = n0..n0+15, n0 a multiple of 16) at
 // k-step kk, from a tile stored [k][n] (V in O = P V), via ldmatrix.trans.
-// b[0], b[1]: n-tile n0; b[2], b[3]: n0 + 8. The column block n0 / 8 (even)
-// enters as an XOR, like kk above.
+// b[0], b[1]: n-tile n0; b[2], b[3]: n0 + 8.
 template <typename Tile>
 __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], uint32_t tile, int n0, int kk,
                                              int lane) {
-  ldsm_x4_trans(b, tile + uint32_t(kk * kMmaK * Tile::kRowBytes) +
-                       (b_trans_lane_offset<Tile>(lane) ^ uint32_t(n0 << 1)));
+  ldsm_x4_trans(b, b_trans_fragment_address<Tile>(tile, n0, kk, lane));
 }
 
 }  // namespace gqattn::flash
