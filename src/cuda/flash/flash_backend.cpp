@@ -94,10 +94,11 @@ std::string why_not_resident(const TensorRef& t, const char* name) {
 
 // The dQ strategy of this call. GQATTN_FLASH_DQ=ordered|separate|atomic
 // when set (lets tests and benchmarks compare them); else, with
-// Options::deterministic (the default) the faster deterministic one for this
-// problem (flash::default_dq_strategy), without it the fastest, atomic. Atomic is never run for a
-// call that asked for deterministic results: GQATTN_FLASH_DQ=atomic then throws, as does an unknown
-// value (a typo must not silently measure something else).
+// Options::deterministic (the default) the faster deterministic one for
+// this problem (flash::default_dq_strategy), without it the fastest, atomic.
+// Atomic is never run for a call that asked for deterministic results:
+// GQATTN_FLASH_DQ=atomic then throws, as does an unknown value (a typo must
+// not silently measure something else).
 flash::DqStrategy dq_strategy(const Problem& problem, bool deterministic) {
   constexpr const char* kVar = "GQATTN_FLASH_DQ";
   const char* env = std::getenv(kVar);

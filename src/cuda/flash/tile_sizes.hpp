@@ -4,8 +4,9 @@
 // kernels static_assert the shapes they rely on. Checked by compiling and by
 // the kernels' tests (tests/gpu/test_flash_*.cpp cover d 64, 128, 256).
 //
-// Choices (FlashAttention-2's sm80 shapes, adjusted to keep every
-// accumulator in registers without spills):
+// Choices (FlashAttention-2's shapes, adjusted to keep every accumulator in
+// registers; each departure from the earlier shape has a switch and the
+// measurement that decided it):
 // - forward: a CTA owns kBlockM query rows, kWarps warps of kBlockM/kWarps
 //   rows each (d64, d128: two m16 tiles per warp, so each K/V fragment
 //   loaded from shared memory feeds two mma; d256: one); key tiles of
@@ -134,11 +135,13 @@ enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 // The deterministic strategy the backend uses when the environment does not
 // choose (GQATTN_FLASH_DQ=ordered|separate|atomic, read by
 // flash_backend.cpp): ordered where it measured faster than separate on the
-// H200 (2026-11-30, bwd TFLOP/s ordered vs separate: d256 causal 188 vs 176,
-// d256 w4096 cap50 179 vs 174, d128 softcap 30 215 vs 197), separate
+// H200 (2026-11-30, bwd TFLOP/s ordered vs separate: d256 causal 188 vs
+// 176, d256 w4096 cap50 179 vs 174, d128 softcap 30 215 vs 197), separate
 // elsewhere (d64 175 vs 203, d128 causal T1k 186 vs 191; T4k, T16k,
 // non-causal and w1024 within 1%; d64 with softcap not measured, so it
-// keeps d64's choice). Never kAtomic: with Options::deterministic == false
+// keeps d64's choice). Measured before the fragment-address change
+// (smem_layout.hpp), which sped up both paths: re-measure with
+// scripts/h200-ab. Never kAtomic: with Options::deterministic == false
 // the backend picks kAtomic itself.
 constexpr DqStrategy default_dq_strategy(int d, bool softcap) {
   return d == 256 || (d == 128 && softcap) ? DqStrategy::kOrdered : DqStrategy::kSeparate;
