@@ -13,6 +13,10 @@
 
 namespace gqattn::flash {
 
+// smem_layout.hpp is plain C++ (checked on the CPU), so it spells the
+// ldmatrix.x4 pattern's 16 rows itself; they are one mma's M and K.
+static_assert(kFragmentRows == kMmaM && kFragmentRows == kMmaK, "one ldmatrix.x4 pattern per mma");
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -40,7 +40,6 @@
 namespace gqattn::flash {
 
 constexpr int kElemBytes = 2;  // bf16 and f16
-constexpr int kRowsPerMmaTile = 16;
 
 template <int kD>
 struct ForwardTile;
