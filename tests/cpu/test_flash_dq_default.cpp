@@ -11,19 +11,14 @@ namespace {
 using gqattn::flash::default_dq_strategy;
 using gqattn::flash::DqStrategy;
 
-TEST(FlashDqDefault, OrderedForD256AndD128SoftcapSeparateElsewhere) {
-  EXPECT_EQ(default_dq_strategy(64, false), DqStrategy::kSeparate);
-  EXPECT_EQ(default_dq_strategy(128, false), DqStrategy::kSeparate);
-  EXPECT_EQ(default_dq_strategy(256, false), DqStrategy::kOrdered);
-  EXPECT_EQ(default_dq_strategy(64, true), DqStrategy::kSeparate);
-  EXPECT_EQ(default_dq_strategy(128, true), DqStrategy::kOrdered);
-  EXPECT_EQ(default_dq_strategy(256, true), DqStrategy::kOrdered);
+TEST(FlashDqDefault, OrderedForD128AndD256SeparateForD64) {
+  EXPECT_EQ(default_dq_strategy(64), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(128), DqStrategy::kOrdered);
+  EXPECT_EQ(default_dq_strategy(256), DqStrategy::kOrdered);
 }
 
 TEST(FlashDqDefault, NeverAtomic) {
-  for (int d : {64, 128, 256})
-    for (bool softcap : {false, true})
-      EXPECT_NE(default_dq_strategy(d, softcap), DqStrategy::kAtomic);
+  for (int d : {64, 128, 256}) EXPECT_NE(default_dq_strategy(d), DqStrategy::kAtomic);
 }
 
 }  // namespace

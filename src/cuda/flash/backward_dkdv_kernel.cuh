@@ -44,10 +44,11 @@
 //   not visit m (one query_blocks call for n-1; none for key tile 0); the
 //   first stores (no zeroing of the accumulator), each other key tile n
 //   waits for counter(b, h, m) == n (key tile n-1 done) and adds;
-// - key tile n sets counter = n + 1 (st.release, after every thread's
-//   __threadfence and a barrier) at the barrier after the next step's dS^T
-//   (by then its adds have completed) or at the end; 0 means no key tile has
-//   reached m (the postprocess then writes 0);
+// - key tile n sets counter = n + 1 (thread 0, a gpu-scope release fence
+//   then a store, right after a barrier that every thread passes once its
+//   adds are issued: signal_after_barrier) at the barrier after the next
+//   step's dS^T or at the end; 0 means no key tile has reached m (the
+//   postprocess then writes 0);
 // - with the walk above, key tile n-1 reached (h, m) at the same step as
 //   key tile n under a causal mask, and was dispatched no later, so a wait
 //   lasts less than a step (until n-1's deferred signal); those lags add up
@@ -85,8 +86,17 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
   return v;
 }
-__device__ __forceinline__ void st_release_gpu(int* ptr, int v) {
-  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
+// Publishes *ptr = v after every write of the CTA that precedes a barrier
+// this thread has passed: the barrier puts the other threads' dQ adds
+// before this thread in causality order, and a release fence is cumulative
+// over them (PTX memory model; CUTLASS's semaphores do the same), so one
+// thread fences instead of every thread paying a sequentially consistent
+// __threadfence.
+__device__ __forceinline__ void signal_after_barrier(int* ptr, int v) {
+  asm volatile("fence.acq_rel.gpu;\n"
+               "st.relaxed.gpu.global.s32 [%0], %1;\n" ::"l"(ptr),
+               "r"(v)
+               : "memory");
 }
 // *ptr += (x, y), two adjacent floats (8-byte aligned), result unused.
 __device__ __forceinline__ void red_add2(float* ptr, float x, float y) {
@@ -209,15 +219,21 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   const Elem* do_base = static_cast<const Elem*>(p.dout) + b * p.do_stride.batch;
   const int64_t row_ws = int64_t(b) * p.H * p.tq_padded;  // workspace row of (b, h = 0)
 
-  // Step t's (query head, query tile): the last query tile first, every
-  // head of the group at each (see "Walk" above).
-  auto step_head = [&](int t) { return hk * group + t % group; };
-  auto step_m_block = [&](int t) { return range.last - t / group; };
+  // A step's (query head hk * group + j, query tile m_block): the last
+  // query tile first, every head of the group at each (see "Walk" above).
+  // Stepped by increments, not t / group and t % group: a division by a
+  // runtime value is dozens of instructions per step.
+  struct Step {
+    int j, m_block;
+  };
+  auto next_step = [group](Step s) {
+    return s.j + 1 < group ? Step{s.j + 1, s.m_block} : Step{0, s.m_block - 1};
+  };
 
-  // Loads of step t.
-  auto load_step = [&](int t, int stage) {
-    const int h = step_head(t);
-    const int m0 = step_m_block(t) * kBM;
+  // Loads of step s.
+  auto load_step = [&](Step s, int stage) {
+    const int h = hk * group + s.j;
+    const int m0 = s.m_block * kBM;
     const int rows = mask.tq - m0;
     const uint32_t s_q = s_q0 + stage * kStageBytes;
     load_tile_async<kBM, kD, kThreads>(s_q,
@@ -246,16 +262,18 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
                     int64_t(n0) * p.v_stride.row;
     load_tile_async<kBN, kD, kThreads>(s_k, k, p.k_stride.row, cols, tid);
     load_tile_async<kBN, kD, kThreads>(s_v, v, p.v_stride.row, cols, tid);
-    load_step(0, 0);
+    load_step(Step{0, range.last}, 0);
   }
   cp_async_commit();
 
   float acc_dk[kMT][kDT][4] = {};
   float acc_dv[kMT][kDT][4] = {};
 
+  Step step{0, range.last};
   for (int t = 0; t < steps; ++t) {
+    const Step next = next_step(step);
     const int stage = t % kQueryStages;
-    const int m0 = step_m_block(t) * kBM;
+    const int m0 = step.m_block * kBM;
     const uint32_t s_q = s_q0 + stage * kStageBytes;
     const uint32_t s_do = s_q + QTile::kBytes;
     const float* lse2 = rows_f + 2 * stage * kBM;
@@ -265,7 +283,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
     lane = opaque(tid_ % kWarpSize);
     cp_async_wait<0>();
     __syncthreads();
-    if (t + 1 < steps) load_step(t + 1, (t + 1) % kQueryStages);
+    if (t + 1 < steps) load_step(next, (t + 1) % kQueryStages);
     cp_async_commit();
 
     // dP^T first: then the elementwise pass sees v before it is masked.
@@ -333,9 +351,8 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
         }
       }
       if constexpr (kFusedDq) {
-        if (ordered) __threadfence();  // this thread's dQ adds of step t-1 precede the signal
-        __syncthreads();               // dS^T complete
-        if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
+        __syncthreads();  // dS^T complete; the dQ adds of step t-1 issued
+        if (tid_ == 0 && signal != nullptr) signal_after_barrier(signal, n_block + 1);
       }
     } else {
       // P^T and dS^T of this warp's keys x queries to shared memory; every
@@ -351,11 +368,9 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
           store_acc_frag<PTile, Elem>(smem + (s_p - s_k), s[mt][nt], key, query, 1.0f, lane);
           store_acc_frag<PTile, Elem>(smem + (s_ds - s_k), ds, key, query, 1.0f, lane);
         }
+      __syncthreads();  // P^T, dS^T complete; the dQ adds of step t-1 issued
       if constexpr (kFusedDq)
-        if (ordered) __threadfence();  // dQ adds of step t-1 precede the signal
-      __syncthreads();
-      if constexpr (kFusedDq)
-        if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
+        if (tid_ == 0 && signal != nullptr) signal_after_barrier(signal, n_block + 1);
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk) {
         uint32_t a_p[kMT][4], a_ds[kMT][4];
@@ -387,8 +402,8 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
       // dQ partial of query tile m, head h: dS (queries x keys, read
       // transposed from dS^T) times K; the shared dS^T is complete (barrier
       // above) and is not rewritten before the next step's opening barrier.
-      const int h = step_head(t);
-      const int m_block = step_m_block(t);
+      const int h = hk * group + step.j;
+      const int m_block = step.m_block;
       // Ordered: counter(b, h, m); null when atomic (no waiting, no signal).
       int* const counter =
           ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + m_block : nullptr;
@@ -432,17 +447,16 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
       }
       signal = counter;
     }
+    step = next;
   }
 
   // Epilogue: dK (times the scale) and dV through the K and V tiles' space.
   tid = tid_;
   lane = tid_ % kWarpSize;
   cp_async_wait<0>();
+  __syncthreads();  // the last step's dQ adds issued
   if constexpr (kFusedDq)
-    if (ordered) __threadfence();  // the last step's dQ adds precede the signal
-  __syncthreads();
-  if constexpr (kFusedDq)
-    if (tid_ == 0 && signal != nullptr) st_release_gpu(signal, n_block + 1);
+    if (tid_ == 0 && signal != nullptr) signal_after_barrier(signal, n_block + 1);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll

@@ -41,9 +41,10 @@ __device__ __forceinline__ void cp_async_wait() {
 // Issues the loads of a [kRows x kCols] tile whose row r starts at
 // gmem + r * row_stride (elements); rows >= rows_valid are zero-filled.
 // Thread tid loads chunk tid % kChunksPerRow of rows tid / kChunksPerRow +
-// kRowsPerPass * it: the addresses are one per-thread base plus a multiple
-// of the row stride (the loads sit in the kernels' main loops, where
-// per-chunk index arithmetic cost as much issue time as the copies).
+// kRowsPerPass * it: the source is one per-thread pointer advanced by
+// kRowsPerPass rows per chunk (a 64-bit add), the destination one base plus
+// constants (the loads sit in the kernels' main loops, where per-chunk
+// index arithmetic cost as much issue time as the copies).
 template <int kRows, int kCols, int kThreads, typename Elem>
 __device__ __forceinline__ void load_tile_async(uint32_t smem, const Elem* gmem, int64_t row_stride,
                                                 int rows_valid, int tid) {
@@ -54,13 +55,16 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const Elem* gmem,
   constexpr int kRowsPerPass = kThreads / Tile::kChunksPerRow;
   const int row0 = int(unsigned(tid) / Tile::kChunksPerRow);
   const int chunk = int(unsigned(tid) % Tile::kChunksPerRow);
-  const Elem* src0 = gmem + row0 * row_stride + chunk * kElemsPerChunk;
+  const Elem* src = gmem + row0 * row_stride + chunk * kElemsPerChunk;
+  const int64_t pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
   for (int it = 0; it < kChunks / kThreads; ++it) {
     const int row = row0 + it * kRowsPerPass;
     const bool valid = row < rows_valid;
-    const Elem* src = valid ? src0 + int64_t(it * kRowsPerPass) * row_stride : gmem;
-    cp_async_16(smem + Tile::offset(row, chunk), src, valid);
+    // An invalid row reads nothing (zero fill), but its address stays the
+    // tile's first row, inside the tensor.
+    cp_async_16(smem + Tile::offset(row, chunk), valid ? src : gmem, valid);
+    src += pass_stride;
   }
 }
 

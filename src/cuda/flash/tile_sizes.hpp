@@ -133,21 +133,20 @@ struct DqTile<256> {
 enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 // The deterministic strategy the backend uses when the environment does not
 // choose (GQATTN_FLASH_DQ=ordered|separate|atomic, read by
-// flash_backend.cpp): ordered where it measured faster than separate on the
-// H200 (2026-11-30, bwd TFLOP/s ordered vs separate: d256 causal 188 vs
-// 176, d256 w4096 cap50 179 vs 174, d128 softcap 30 215 vs 197), separate
-// elsewhere (d64 175 vs 203, d128 causal T1k 186 vs 191; T4k, T16k,
-// non-causal and w1024 within 1%; d64 with softcap not measured, so it
-// keeps d64's choice). Measured before the fragment-address change
-// (smem_layout.hpp), which sped up both paths: re-measure with
-// scripts/h200-ab. Never kAtomic: with Options::deterministic == false
-// the backend picks kAtomic itself.
-constexpr DqStrategy default_dq_strategy(int d, bool softcap) {
-  return d == 256 || (d == 128 && softcap) ? DqStrategy::kOrdered : DqStrategy::kSeparate;
+// flash_backend.cpp): ordered for d128 and d256, where it measured at least
+// as fast as separate on the H200 (2026-11-30, one call, bwd TFLOP/s
+// ordered vs separate: d128 causal T1k 210 vs 211, T4k 255 vs 252, T16k 271
+// vs 265, non-causal 262 vs 258, w1024 221 vs 219, softcap 30 225 vs 211;
+// d256 causal 207 vs 186 and w4096 cap50 201 vs 176 measured before against
+// the older kernels); separate for d64 (220 vs 209). Not measured with
+// softcap at d64, so the choice depends on d alone. Never kAtomic: with
+// Options::deterministic == false the backend picks kAtomic itself.
+constexpr DqStrategy default_dq_strategy(int d) {
+  return d == 64 ? DqStrategy::kSeparate : DqStrategy::kOrdered;
 }
-static_assert(default_dq_strategy(64, false) != DqStrategy::kAtomic &&
-                  default_dq_strategy(128, true) != DqStrategy::kAtomic &&
-                  default_dq_strategy(256, false) != DqStrategy::kAtomic,
+static_assert(default_dq_strategy(64) != DqStrategy::kAtomic &&
+                  default_dq_strategy(128) != DqStrategy::kAtomic &&
+                  default_dq_strategy(256) != DqStrategy::kAtomic,
               "the default must be deterministic");
 
 // Fused (ordered or atomic) dQ: warps of the dK/dV kernel form a
