@@ -26,7 +26,7 @@
 //
 // kFusedDq (DqStrategy::kOrdered and kAtomic, one kernel): each step also
 // computes its dQ partial dS K (dS^T through shared memory, read back with
-// ldmatrix.trans; warps form a (kBlockM/16) x kDqWarpsD grid over it) and
+// ldmatrix.trans; warps form a kDqWarpsM x kDqWarpsD grid over it) and
 // adds it into the f32 accumulator p.dq_accum. With p.dq_counters set
 // (ordered) the adds into each query tile happen in ASCENDING key-tile
 // order, so every element's sum is formed in the same order on every run
@@ -153,10 +153,13 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   using KVTile = SmemTile<kBN, kD>;
   using QTile = SmemTile<kBM, kD>;
   using PTile = SmemTile<kBN, kBM>;
-  // Fused dQ partial dS K: warp (wm, wd) owns queries [16 wm, 16 wm + 16)
-  // x columns [wd kDqCols, ...), in kDqPasses passes of kDqDT n8 tiles.
+  // Fused dQ partial dS K: warp (wm, wd) owns kDqMT m16 tiles of queries
+  // [kDqRows wm, kDqRows (wm + 1)) x columns [wd kDqCols, ...), in
+  // kDqPasses passes of kDqDT n8 tiles.
   constexpr int kWarps = Tile::kWarpsN * kWarpsD;
-  constexpr int kDqWarpsM = kBM / kMmaM;
+  constexpr int kDqMT = Tile::kDqRowTilesPerWarp;
+  constexpr int kDqRows = kDqMT * kMmaM;
+  constexpr int kDqWarpsM = kBM / kDqRows;
   constexpr int kDqWarpsD = kWarps / kDqWarpsM;
   constexpr int kDqCols = kD / kDqWarpsD;
   constexpr int kDqColsPerPass = kDqCols < kDqPassCols ? kDqCols : kDqPassCols;
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   if (ordered) adds = n_block > 0 ? mask.query_blocks(n0 - kBN, kBN, kBM) : BlockRange{};
   const int num_m_tiles = p.tq_padded / kBM;  // counters per (b, h)
   int* signal = nullptr;                      // counter of the last step's query tile
-  const int dq_row = (warp % kDqWarpsM) * kMmaM;
+  const int dq_row = (warp % kDqWarpsM) * kDqRows;
   const int dq_col = (warp / kDqWarpsM) * kDqCols;
 
   const Elem* q_base = static_cast<const Elem*>(p.q) + b * p.q_stride.batch;
@@ -413,18 +416,23 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
           dq_col + frag_col(lane);
 #pragma unroll
       for (int pass = 0; pass < kDqPasses; ++pass) {
-        float acc_dq[kDqDT][4] = {};
+        float acc_dq[kDqMT][kDqDT][4] = {};
 #pragma unroll
         for (int kk = 0; kk < kStepsN; ++kk) {
-          uint32_t a[4];
-          load_a_trans<PTile>(a, s_ds, dq_row, kk, lane);
+          uint32_t a[kDqMT][4];
+#pragma unroll
+          for (int mt = 0; mt < kDqMT; ++mt)
+            load_a_trans<PTile>(a[mt], s_ds, dq_row + mt * kMmaM, kk, lane);
 #pragma unroll
           for (int dn = 0; dn < kDqDT / 2; ++dn) {
             uint32_t bf[4];
             load_b_trans<KVTile>(bf, s_k, dq_col + pass * kDqColsPerPass + dn * 2 * kMmaN, kk,
                                  lane);
-            mma_16816<Elem>(acc_dq[2 * dn], a, bf[0], bf[1]);
-            mma_16816<Elem>(acc_dq[2 * dn + 1], a, bf[2], bf[3]);
+#pragma unroll
+            for (int mt = 0; mt < kDqMT; ++mt) {
+              mma_16816<Elem>(acc_dq[mt][2 * dn], a[mt], bf[0], bf[1]);
+              mma_16816<Elem>(acc_dq[mt][2 * dn + 1], a[mt], bf[2], bf[3]);
+            }
           }
         }
         if (pass == 0 && !first && counter != nullptr) {  // wait for the previous adder
@@ -433,17 +441,20 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
           __syncwarp();
         }
 #pragma unroll
-        for (int dt = 0; dt < kDqDT; ++dt) {
-          float* const lo = acc_row + pass * kDqColsPerPass + dt * kMmaN;
-          float* const hi = lo + kFragRowHalf * kD;
-          if (first) {
-            *reinterpret_cast<float2*>(lo) = make_float2(acc_dq[dt][0], acc_dq[dt][1]);
-            *reinterpret_cast<float2*>(hi) = make_float2(acc_dq[dt][2], acc_dq[dt][3]);
-          } else {
-            red_add2(lo, acc_dq[dt][0], acc_dq[dt][1]);
-            red_add2(hi, acc_dq[dt][2], acc_dq[dt][3]);
+        for (int mt = 0; mt < kDqMT; ++mt)
+#pragma unroll
+          for (int dt = 0; dt < kDqDT; ++dt) {
+            const float(&c)[4] = acc_dq[mt][dt];
+            float* const lo = acc_row + mt * kMmaM * kD + pass * kDqColsPerPass + dt * kMmaN;
+            float* const hi = lo + kFragRowHalf * kD;
+            if (first) {
+              *reinterpret_cast<float2*>(lo) = make_float2(c[0], c[1]);
+              *reinterpret_cast<float2*>(hi) = make_float2(c[2], c[3]);
+            } else {
+              red_add2(lo, c[0], c[1]);
+              red_add2(hi, c[2], c[3]);
+            }
           }
-        }
       }
       signal = counter;
     }

@@ -77,10 +77,18 @@ struct ForwardTile<256> {
 constexpr bool kDkdvD128SplitWarps = true;
 template <int kD>
 struct DkdvTile;
+// Fused (ordered or atomic) dQ partial dS K in the dK/dV kernel, d128 and
+// d256: warps 2 (queries, 32 each: two m16 tiles) x 4 (columns) instead of
+// 4 x 2 with 16 queries each, so each K fragment read from shared memory
+// feeds two mma: per step a warp reads dS^T and K tiles of 16 KB instead of
+// 24 KB at d128 (d256: 16 instead of 24), FlashAttention-2's dQ layout.
+// d64 reads 12 KB either way and keeps one m16 tile. Set to false for one.
+constexpr bool kFusedDqTwoRowTiles = true;
 template <>
 struct DkdvTile<64> {
   static constexpr int kBlockN = 128, kBlockM = 64, kWarpsN = 8, kWarpsD = 1;
   static constexpr int kKeyTilesPerWarp = 1;
+  static constexpr int kDqRowTilesPerWarp = 1;
 };
 template <>
 struct DkdvTile<128> {
@@ -88,6 +96,7 @@ struct DkdvTile<128> {
   static constexpr int kWarpsN = kDkdvD128SplitWarps ? 4 : 8;
   static constexpr int kWarpsD = kDkdvD128SplitWarps ? 2 : 1;
   static constexpr int kKeyTilesPerWarp = kDkdvD128SplitWarps ? 2 : 1;
+  static constexpr int kDqRowTilesPerWarp = kFusedDqTwoRowTiles ? 2 : 1;
 };
 // d256: warps 2 (keys, 32 each) x 4 (columns, 64 each; S^T queries, 16
 // each) instead of 4 x 2 with 16 keys: 576 instead of 672 KB of shared
@@ -99,6 +108,7 @@ struct DkdvTile<256> {
   static constexpr int kWarpsN = kDkdvD256TwoKeyTiles ? 2 : 4;
   static constexpr int kWarpsD = kDkdvD256TwoKeyTiles ? 4 : 2;
   static constexpr int kKeyTilesPerWarp = kDkdvD256TwoKeyTiles ? 2 : 1;
+  static constexpr int kDqRowTilesPerWarp = kFusedDqTwoRowTiles ? 2 : 1;
 };
 
 // dQ, d64 and d128: 4 warps x 32 query rows (two m16 tiles) instead of 8 x
@@ -150,9 +160,10 @@ static_assert(default_dq_strategy(64) != DqStrategy::kAtomic &&
               "the default must be deterministic");
 
 // Fused (ordered or atomic) dQ: warps of the dK/dV kernel form a
-// (kBlockM / 16) x rest grid over the dQ partial; each warp adds at most
-// kDqPassCols columns per pass (bounds its f32 accumulator registers:
-// 16 x 64 -> 32 per thread).
+// (kBlockM / (16 kDqRowTilesPerWarp)) x rest grid over the dQ partial; each
+// warp adds at most kDqPassCols columns per pass (bounds its f32
+// accumulator registers: 32 rows x 32 columns -> 32 per thread; at 64
+// columns of 16 rows the d128 kernel spilled).
 constexpr int kDqPassCols = 32;
 // Postprocess (dq = accumulator * scale -> 16-bit): threads per block, 8
 // elements (one 16-byte store) per thread.
