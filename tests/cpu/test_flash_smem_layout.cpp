@@ -2,7 +2,8 @@
 // per-lane addresses the kernels give ldmatrix (one XOR per load) against the
 // layout's definition, SmemTile::offset of the (row, chunk) each lane of an
 // ldmatrix.x4 must address, for every lane, k-step and tile offset of the
-// tile shapes the kernels use. Plain integer code, so checked without a GPU.
+// tile shapes the kernels use; likewise the C-fragment store offsets. Plain
+// integer code, so checked without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -15,6 +16,8 @@ using gqattn::flash::a_fragment_address;
 using gqattn::flash::a_trans_fragment_address;
 using gqattn::flash::b_fragment_address;
 using gqattn::flash::b_trans_fragment_address;
+using gqattn::flash::c_fragment_offset;
+using gqattn::flash::c_fragment_offset_at;
 using gqattn::flash::kElemsPerChunk;
 using gqattn::flash::SmemTile;
 
@@ -77,6 +80,41 @@ TEST(FlashSmemLayout, FastFragmentOffsetsMatchTheSwizzle) {
   check_tile<32, 128>();   // d128 dQ kernel's 32-key tiles
   check_tile<64, 256>();   // d256
   check_tile<128, 64>();   // d64 forward Q, dK/dV P^T of 128 keys
+}
+
+// The C-fragment store offsets (P^T, dS^T of the dK/dV kernel) against the
+// element offsets they stand for: every lane, every row step of 8, and for
+// each column base col0 every n8 tile nt below the largest power of two
+// dividing col0 / 8 (that stays in the tile).
+template <int kRows, int kCols>
+void check_c_fragments() {
+  using Tile = SmemTile<kRows, kCols>;
+  SCOPED_TRACE(::testing::Message() << "tile " << kRows << " x " << kCols);
+  int checked = 0;
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int row0 = 0; row0 < kRows; row0 += 8)
+      for (int col0 = 0; col0 < kCols; col0 += 8) {
+        const uint32_t base = c_fragment_offset<Tile>(row0, col0, lane);
+        EXPECT_EQ(base, Tile::elem_offset(row0 + lane / 4, col0 + 2 * (lane % 4)));
+        int span = 1;  // n8 tiles nt < span are allowed at col0
+        while (span < Tile::kChunksPerRow && (col0 / 8) % (2 * span) == 0) span *= 2;
+        for (int dr = 0; row0 + dr < kRows; dr += 8)
+          for (int nt = 0; nt < span && col0 + 8 * nt < kCols; ++nt) {
+            const int row = row0 + dr + lane / 4, col = col0 + 8 * nt + 2 * (lane % 4);
+            EXPECT_EQ(c_fragment_offset_at<Tile>(base, dr, nt), Tile::elem_offset(row, col))
+                << "lane " << lane << " row0 " << row0 << " col0 " << col0 << " dr " << dr
+                << " nt " << nt;
+            ++checked;
+          }
+      }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(FlashSmemLayout, CFragmentOffsetsMatchTheSwizzle) {
+  check_c_fragments<128, 64>();  // d64 / d128 P^T, dS^T: 128 keys x 64 queries
+  check_c_fragments<64, 64>();   // d256 P^T, dS^T
+  check_c_fragments<64, 128>();
+  check_c_fragments<128, 256>();
 }
 
 // The swizzle spreads the 8 rows one ldmatrix phase reads at one logical

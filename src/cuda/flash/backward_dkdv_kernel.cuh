@@ -272,6 +272,78 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   float acc_dk[kMT][kDT][4] = {};
   float acc_dv[kMT][kDT][4] = {};
 
+  // Fused dQ: the partial dS K of step `s` (query tile s.m_block of head
+  // hk * group + s.j; dS read transposed from the shared dS^T, which is
+  // complete after the barrier that follows its stores and is not rewritten
+  // before the next step's opening barrier), stored by the first key tile
+  // and added by the others; ordered: after waiting for key tile n-1.
+  // Returns the counter this CTA signals once the adds are issued (null when
+  // atomic).
+  auto add_dq_partial = [&](Step s) -> int* {
+    const int h = hk * group + s.j;
+    int* const counter =
+        ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + s.m_block : nullptr;
+    const bool first = s.m_block < adds.first || s.m_block > adds.last;  // stores
+    float* const acc_row = p.dq_accum +
+                           ((int64_t(b) * p.H + h) * p.tq_padded + s.m_block * kBM + dq_row +
+                            frag_row(lane)) *
+                               kD +
+                           dq_col + frag_col(lane);
+#pragma unroll
+    for (int pass = 0; pass < kDqPasses; ++pass) {
+      float acc_dq[kDqMT][kDqDT][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kStepsN; ++kk) {
+        uint32_t a[kDqMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kDqMT; ++mt)
+          load_a_trans<PTile>(a[mt], s_ds, dq_row + mt * kMmaM, kk, lane);
+#pragma unroll
+        for (int dn = 0; dn < kDqDT / 2; ++dn) {
+          uint32_t bf[4];
+          load_b_trans<KVTile>(bf, s_k, dq_col + pass * kDqColsPerPass + dn * 2 * kMmaN, kk,
+                               lane);
+#pragma unroll
+          for (int mt = 0; mt < kDqMT; ++mt) {
+            mma_16816<Elem>(acc_dq[mt][2 * dn], a[mt], bf[0], bf[1]);
+            mma_16816<Elem>(acc_dq[mt][2 * dn + 1], a[mt], bf[2], bf[3]);
+          }
+        }
+      }
+      if (pass == 0 && !first && counter != nullptr) {  // wait for the previous adder
+        if (lane == 0)
+          while (ld_acquire_gpu(counter) != n_block) __nanosleep(kDqSpinNs);
+        __syncwarp();
+      }
+      // The C fragment (mt, dt): rows g and g + 8 of m16 tile mt, columns
+      // 2t, 2t + 1 of n8 tile dt of this pass.
+      auto element = [&](int mt, int dt, int half) {
+        return acc_row + (mt * kMmaM + half * kFragRowHalf) * kD + pass * kDqColsPerPass +
+               dt * kMmaN;
+      };
+      if (first) {
+#pragma unroll
+        for (int mt = 0; mt < kDqMT; ++mt)
+#pragma unroll
+          for (int dt = 0; dt < kDqDT; ++dt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+              *reinterpret_cast<float2*>(element(mt, dt, half)) =
+                  make_float2(acc_dq[mt][dt][2 * half], acc_dq[mt][dt][2 * half + 1]);
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kDqMT; ++mt)
+#pragma unroll
+          for (int dt = 0; dt < kDqDT; ++dt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+              red_add2(element(mt, dt, half), acc_dq[mt][dt][2 * half],
+                       acc_dq[mt][dt][2 * half + 1]);
+      }
+    }
+    return counter;
+  };
+
   Step step{0, range.last};
   for (int t = 0; t < steps; ++t) {
     const Step next = next_step(step);
@@ -356,10 +428,15 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
       if constexpr (kFusedDq) {
         __syncthreads();  // dS^T complete; the dQ adds of step t-1 issued
         if (tid_ == 0 && signal != nullptr) signal_after_barrier(signal, n_block + 1);
+        signal = add_dq_partial(step);
       }
     } else {
       // P^T and dS^T of this warp's keys x queries to shared memory; every
       // warp then reads all kBM queries of its keys.
+      // query_w is a multiple of 8 kNT (kNT a power of two), so every
+      // fragment's offset is one XOR and an add from the warp's first.
+      static_assert((kNT & (kNT - 1)) == 0, "c_fragment_offset_at: nt below a power of two");
+      const uint32_t frag0 = c_fragment_offset<PTile>(key_w, query_w, lane);
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -367,9 +444,9 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
           float ds[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) ds[e] = s[mt][nt][e] * dp[mt][nt][e];
-          const int key = key_w + mt * kMmaM, query = query_w + nt * kMmaN;
-          store_acc_frag<PTile, Elem>(smem + (s_p - s_k), s[mt][nt], key, query, 1.0f, lane);
-          store_acc_frag<PTile, Elem>(smem + (s_ds - s_k), ds, key, query, 1.0f, lane);
+          const uint32_t frag = c_fragment_offset_at<PTile>(frag0, mt * kMmaM, nt);
+          store_acc_frag_at<PTile, Elem>(smem + (s_p - s_k), frag, s[mt][nt]);
+          store_acc_frag_at<PTile, Elem>(smem + (s_ds - s_k), frag, ds);
         }
       __syncthreads();  // P^T, dS^T complete; the dQ adds of step t-1 issued
       if constexpr (kFusedDq)
@@ -399,65 +476,9 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
           }
         }
       }
+      if constexpr (kFusedDq) signal = add_dq_partial(step);
     }
 
-    if constexpr (kFusedDq) {
-      // dQ partial of query tile m, head h: dS (queries x keys, read
-      // transposed from dS^T) times K; the shared dS^T is complete (barrier
-      // above) and is not rewritten before the next step's opening barrier.
-      const int h = hk * group + step.j;
-      const int m_block = step.m_block;
-      // Ordered: counter(b, h, m); null when atomic (no waiting, no signal).
-      int* const counter =
-          ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + m_block : nullptr;
-      const bool first = m_block < adds.first || m_block > adds.last;  // stores
-      float* const acc_row =
-          p.dq_accum + ((int64_t(b) * p.H + h) * p.tq_padded + m0 + dq_row + frag_row(lane)) * kD +
-          dq_col + frag_col(lane);
-#pragma unroll
-      for (int pass = 0; pass < kDqPasses; ++pass) {
-        float acc_dq[kDqMT][kDqDT][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < kStepsN; ++kk) {
-          uint32_t a[kDqMT][4];
-#pragma unroll
-          for (int mt = 0; mt < kDqMT; ++mt)
-            load_a_trans<PTile>(a[mt], s_ds, dq_row + mt * kMmaM, kk, lane);
-#pragma unroll
-          for (int dn = 0; dn < kDqDT / 2; ++dn) {
-            uint32_t bf[4];
-            load_b_trans<KVTile>(bf, s_k, dq_col + pass * kDqColsPerPass + dn * 2 * kMmaN, kk,
-                                 lane);
-#pragma unroll
-            for (int mt = 0; mt < kDqMT; ++mt) {
-              mma_16816<Elem>(acc_dq[mt][2 * dn], a[mt], bf[0], bf[1]);
-              mma_16816<Elem>(acc_dq[mt][2 * dn + 1], a[mt], bf[2], bf[3]);
-            }
-          }
-        }
-        if (pass == 0 && !first && counter != nullptr) {  // wait for the previous adder
-          if (lane == 0)
-            while (ld_acquire_gpu(counter) != n_block) __nanosleep(kDqSpinNs);
-          __syncwarp();
-        }
-#pragma unroll
-        for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-          for (int dt = 0; dt < kDqDT; ++dt) {
-            const float(&c)[4] = acc_dq[mt][dt];
-            float* const lo = acc_row + mt * kMmaM * kD + pass * kDqColsPerPass + dt * kMmaN;
-            float* const hi = lo + kFragRowHalf * kD;
-            if (first) {
-              *reinterpret_cast<float2*>(lo) = make_float2(c[0], c[1]);
-              *reinterpret_cast<float2*>(hi) = make_float2(c[2], c[3]);
-            } else {
-              red_add2(lo, c[0], c[1]);
-              red_add2(hi, c[2], c[3]);
-            }
-          }
-      }
-      signal = counter;
-    }
     step = next;
   }
 

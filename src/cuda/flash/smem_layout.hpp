@@ -106,4 +106,23 @@ GQATTN_FLASH_HD uint32_t b_trans_fragment_address(uint32_t tile, int n0, int kk,
          (b_trans_lane_offset<Tile>(lane) ^ uint32_t(n0 << 1));
 }
 
+// C fragments (mma.cuh: lane holds row lane / 4, columns 2 (lane % 4) and
+// + 1, and the same columns 8 rows down) stored as 16-bit values into a
+// tile [row][col]. The offset of a fragment at rows row0.. (a multiple of 8)
+// and columns col0.. (a multiple of 8):
+template <typename Tile>
+GQATTN_FLASH_HD uint32_t c_fragment_offset(int row0, int col0, int lane) {
+  return Tile::elem_offset(row0 + (lane >> 2), col0 + 2 * (lane & 3));
+}
+// ... and of the fragment dr rows (a multiple of 8) and nt n8 tiles further,
+// from `base` = c_fragment_offset(row0, col0, lane), when col0 / 8 is a
+// multiple of a power of two above nt: the chunk col0 / 8 + nt is then
+// col0 / 8 ^ nt, so nt enters as an XOR on the chunk bits and dr as a
+// whole number of rows (same swizzle phase): two instructions, no
+// per-store index arithmetic.
+template <typename Tile>
+GQATTN_FLASH_HD uint32_t c_fragment_offset_at(uint32_t base, int dr, int nt) {
+  return (base ^ uint32_t(nt << 4)) + uint32_t(dr * Tile::kRowBytes);
+}
+
 }  // namespace gqattn::flash

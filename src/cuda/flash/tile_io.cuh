@@ -101,6 +101,16 @@ __device__ __forceinline__ void store_acc_frag(unsigned char* smem, const float 
       pack2<Elem>(c[2] * scale, c[3] * scale);
 }
 
+// Writes one C fragment as 16-bit values at byte `offset` of a shared tile
+// (smem_layout.hpp's c_fragment_offset*): rows g and g + 8.
+template <typename Tile, typename Elem>
+__device__ __forceinline__ void store_acc_frag_at(unsigned char* tile, uint32_t offset,
+                                                  const float (&c)[4]) {
+  *reinterpret_cast<uint32_t*>(tile + offset) = pack2<Elem>(c[0], c[1]);
+  *reinterpret_cast<uint32_t*>(tile + offset + kFragRowHalf * Tile::kRowBytes) =
+      pack2<Elem>(c[2], c[3]);
+}
+
 // ---- fragment loads (see mma.cuh for the register layouts) ------------------
 // Addresses: smem_layout.hpp's *_fragment_address (one XOR per load).
 
