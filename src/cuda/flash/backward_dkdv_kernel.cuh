@@ -52,8 +52,8 @@
 // - with the walk above, key tile n-1 reached (h, m) at the same step as
 //   key tile n under a causal mask, and was dispatched no later, so a wait
 //   lasts less than a step (until n-1's deferred signal); those lags add up
-//   along a query tile's chain of key tiles (about 8% against atomic at
-//   d128). Measured on the H200 against the earlier descending order on a
+//   along a query tile's chain of key tiles (1-3% against atomic at d128
+//   on the H200). Measured against the earlier descending order on a
 //   reversed grid with a head-major walk (d128 causal T4k 230 vs 195
 //   TFLOP/s, d256 188 vs 146);
 // - no deadlock: the grid runs key tiles in ascending order (blockIdx /
