@@ -102,8 +102,8 @@ void check_c_fragments() {
           for (int nt = 0; nt < span && col0 + 8 * nt < kCols; ++nt) {
             const int row = row0 + dr + lane / 4, col = col0 + 8 * nt + 2 * (lane % 4);
             EXPECT_EQ(c_fragment_offset_at<Tile>(base, dr, nt), Tile::elem_offset(row, col))
-                << "lane " << lane << " row0 " << row0 << " col0 " << col0 << " dr " << dr
-                << " nt " << nt;
+                << "lane " << lane << " row0 " << row0 << " col0 " << col0 << " dr " << dr << " nt "
+                << nt;
             ++checked;
           }
       }

@@ -93,10 +93,11 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
 // thread fences instead of every thread paying a sequentially consistent
 // __threadfence.
 __device__ __forceinline__ void signal_after_barrier(int* ptr, int v) {
-  asm volatile("fence.acq_rel.gpu;\n"
-               "st.relaxed.gpu.global.s32 [%0], %1;\n" ::"l"(ptr),
-               "r"(v)
-               : "memory");
+  asm volatile(
+      "fence.acq_rel.gpu;\n"
+      "st.relaxed.gpu.global.s32 [%0], %1;\n" ::"l"(ptr),
+      "r"(v)
+      : "memory");
 }
 // *ptr += (x, y), two adjacent floats (8-byte aligned), result unused.
 __device__ __forceinline__ void red_add2(float* ptr, float x, float y) {
@@ -284,11 +285,10 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
     int* const counter =
         ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + s.m_block : nullptr;
     const bool first = s.m_block < adds.first || s.m_block > adds.last;  // stores
-    float* const acc_row = p.dq_accum +
-                           ((int64_t(b) * p.H + h) * p.tq_padded + s.m_block * kBM + dq_row +
-                            frag_row(lane)) *
-                               kD +
-                           dq_col + frag_col(lane);
+    float* const acc_row =
+        p.dq_accum +
+        ((int64_t(b) * p.H + h) * p.tq_padded + s.m_block * kBM + dq_row + frag_row(lane)) * kD +
+        dq_col + frag_col(lane);
 #pragma unroll
     for (int pass = 0; pass < kDqPasses; ++pass) {
       float acc_dq[kDqMT][kDqDT][4] = {};
@@ -301,8 +301,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
 #pragma unroll
         for (int dn = 0; dn < kDqDT / 2; ++dn) {
           uint32_t bf[4];
-          load_b_trans<KVTile>(bf, s_k, dq_col + pass * kDqColsPerPass + dn * 2 * kMmaN, kk,
-                               lane);
+          load_b_trans<KVTile>(bf, s_k, dq_col + pass * kDqColsPerPass + dn * 2 * kMmaN, kk, lane);
 #pragma unroll
           for (int mt = 0; mt < kDqMT; ++mt) {
             mma_16816<Elem>(acc_dq[mt][2 * dn], a[mt], bf[0], bf[1]);

@@ -146,11 +146,12 @@ enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 // flash_backend.cpp): ordered for d128 and d256, where it measured at least
 // as fast as separate on the H200 (2026-11-30, one call, bwd TFLOP/s
 // ordered vs separate: d128 causal T1k 210 vs 211, T4k 255 vs 252, T16k 271
-// vs 265, non-causal 262 vs 258, w1024 221 vs 219, softcap 30 225 vs 211;
-// d256 causal 207 vs 186 and w4096 cap50 201 vs 176 measured before against
-// the older kernels); separate for d64 (220 vs 209). Not measured with
-// softcap at d64, so the choice depends on d alone. Never kAtomic: with
-// Options::deterministic == false the backend picks kAtomic itself.
+// vs 265, non-causal 262 vs 258, w1024 221 vs 219; d256 and d128 softcap
+// were compared only on the earlier kernels, where ordered won: d256 causal
+// 188 vs 176, d256 w4096 cap50 179 vs 174, softcap 30 215 vs 197);
+// separate for d64 (220 vs 209). Not measured with softcap at d64, so the
+// choice depends on d alone. Never kAtomic: with Options::deterministic ==
+// false the backend picks kAtomic itself.
 constexpr DqStrategy default_dq_strategy(int d) {
   return d == 64 ? DqStrategy::kSeparate : DqStrategy::kOrdered;
 }
