@@ -105,6 +105,14 @@ std::vector<BackwardCase> cases() {
       make("Tq70_Tk400_causal_window40_d256_unseen_keys", 1, 70, 400, 2, 1, 256, true, 40),
       large_logits(make("T160_causal_softcap30_d256", 1, 160, 160, 4, 2, 256, true, 0, 30.0f)),
       make("T150_softcap30_d256", 1, 150, 150, 2, 1, 256, false, 0, 30.0f),
+      // d = 256 under softcap: the handover (backward_split_exchange.cuh) on
+      // one step, on rows with no key, windowed f16 with Tq != Tk, padded MQA.
+      make("T1_softcap30_d256", 1, 1, 1, 2, 1, 256, false, 0, 30.0f),
+      make("Tq200_Tk37_causal_softcap30_d256_empty_rows", 1, 200, 37, 2, 2, 256, true, 0, 30.0f),
+      large_logits(make("Tq90_Tk300_causal_window64_softcap50_d256_f16", 1, 90, 300, 4, 1, 256,
+                        true, 64, 50.0f, f16)),
+      make("T257_causal_softcap50_d256_mqa4_padded", 1, 257, 257, 4, 1, 256, true, 0, 50.0f, bf16,
+           true),
       make("T100_causal_d256_padded", 2, 100, 100, 4, 2, 256, true, 0, 0.0f, bf16, true),
       make("T200_causal_window64_d256_f16", 1, 200, 200, 2, 1, 256, true, 64, 0.0f, f16),
       make("Tq60_Tk90_d256_f16_padded", 1, 60, 90, 8, 1, 256, false, 0, 0.0f, f16, true),

@@ -159,6 +159,27 @@ __device__ __forceinline__ void dp_minus_d(float (&dp)[1][kNT][4], const float* 
     for (int e = 0; e < 4; ++e) dp[0][nt][e] -= dsum[stat_index<kRowsAreKeys>(nt, e, lane)];
 }
 
+// Given s = S and dp = dP - D of one step: s <- P = 2^(v * mult - lse2),
+// masked elements 0, and under softcap dp <- dp (1 - v^2) (v = tanh(S *
+// pre), before masking; else v = S and dp is left alone). Then dS = s o dp.
+template <bool kRowsAreKeys, bool kSoftcap, int kNT>
+__device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&dp)[1][kNT][4],
+                                                const float* lse2, const flash::ScoreArgs& score,
+                                                const flash::MaskPolicy& mask, int wg_row0,
+                                                int warp_row0, int col0, int lane) {
+  if constexpr (kSoftcap) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = flash::softcap_tanh(s[0][nt][e] * score.pre);
+        dp[0][nt][e] *= 1.0f - v * v;
+        s[0][nt][e] = v;
+      }
+  }
+  p_from_scores<kRowsAreKeys>(s, lse2, score, mask, wg_row0, warp_row0, col0, lane);
+}
+
 // Both kernels, after a step's S and dP wgmma groups have been committed
 // (two groups, S first, when kOverlapSdP; else one): waits for them and
 // turns the warpgroup's accumulators into
@@ -189,17 +210,8 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
     ptx::pin(s[0]);
     ptx::pin(dp[0]);
     dp_minus_d<kRowsAreKeys>(dp, dsum, lane);
-    if constexpr (kSoftcap) {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float v = flash::softcap_tanh(s[0][nt][e] * score.pre);
-          dp[0][nt][e] *= 1.0f - v * v;
-          s[0][nt][e] = v;
-        }
-    }
-    p_from_scores<kRowsAreKeys>(s, lse2, score, mask, wg_row0, warp_row0, col0, lane);
+    p_and_ds_factor<kRowsAreKeys, kSoftcap>(s, dp, lse2, score, mask, wg_row0, warp_row0, col0,
+                                            lane);
   }
 }
 

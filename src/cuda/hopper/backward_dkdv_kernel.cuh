@@ -13,8 +13,10 @@
 //     (dkdv_write_dq: the first key tile stores, the others reduce-add,
 //     in an order fixed by semaphores);
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each (d 256: the
-//     same 64 keys, half of d each; without softcap one computes S^T, the
-//     other dP^T, and they trade them: backward_split_exchange.cuh), per step
+//     same 64 keys, half of d each; one computes S^T, the other dP^T, and
+//     they trade them, under softcap as dP^T - D one way and the A
+//     fragments of P^T and dS^T the other: backward_split_exchange.cuh),
+//     per step
 //     S^T = K Q^T, dP^T = V dO^T        (wgmma SS, N = 64 queries)
 //     P^T = 2^(v * mult - lse2)          (masked elements 0)
 //     dS^T = P^T o (dP^T - D) [o (1 - v^2) under softcap, v before masking]
@@ -217,6 +219,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
   // under softcap, whose dS needs tanh(S) after dP^T has landed.
   constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
   constexpr bool kExchange = split_exchange(kD, kSoftcap);
+  constexpr bool kHandover = split_handover(kD, kSoftcap);
   static_assert(kBN == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
                 "one wgmma M of keys per warpgroup (or shared by both when split over d)");
   static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
@@ -263,8 +266,47 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     // [* (1 - v^2)]; rows are keys, columns queries (lse2, D per column,
     // from the step's slot).
     float s[1][kNT][4], dp[1][kNT][4];
+    // P^T and dS^T as register A operands: k-step kk = n8 blocks 2kk, 2kk+1.
+    uint32_t pa[kStepsM][4], dsa[kStepsM][4];
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
-    if constexpr (kExchange) {
+    if constexpr (kHandover) {
+      // Split over d under softcap: warpgroup 1 computes dP^T - D and hands
+      // it over; warpgroup 0 computes S^T, P^T, dS^T and hands back their A
+      // fragments (backward_split_exchange.cuh).
+      uint32_t dp_words[kNT][4];
+      if (wg == 0) {
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::pin(s[0]);
+        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, t, w.steps, dp_words);
+        words_to_floats(dp_words, dp);
+        p_and_ds_factor</*kRowsAreKeys=*/true, kSoftcap>(s, dp, lse2, p.c.score, mask, wg_key0,
+                                                         warp_key0, m0, lane);
+#pragma unroll
+        for (int kk = 0; kk < kStepsM; ++kk) {
+          flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+          ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+        }
+        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, t, pa, dsa);
+      } else {
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk),
+                                    kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::pin(dp[0]);
+        dp_minus_d</*kRowsAreKeys=*/true>(dp, dsum, lane);
+        floats_to_words(dp, dp_words);
+        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, t, dp_words);
+        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, t, w.steps, pa, dsa);
+      }
+    } else if constexpr (kExchange) {
       // Split over d: warpgroup 0 computes S^T and P^T, warpgroup 1 dP^T
       // and dP^T - D, and they trade them (backward_split_exchange.cuh).
       if (wg == 0) {
@@ -304,15 +346,15 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
           s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
     }
 
-    // P^T and dS^T as register A operands: k-step kk = n8 blocks 2kk, 2kk+1.
     // dV += P^T dO, dK += dS^T Q (B operands MN-major: N runs along d, from
     // this warpgroup's first column block). When kBwdOverlapDv, the dV group
     // is issued before dS^T is formed and runs while it is; pa and dv are
     // not touched until wait_group 0.
-    uint32_t pa[kStepsM][4], dsa[kStepsM][4];
+    if constexpr (!kHandover) {
 #pragma unroll
-    for (int kk = 0; kk < kStepsM; ++kk)
-      flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+      for (int kk = 0; kk < kStepsM; ++kk)
+        flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+    }
     ptx::pin(dv);
     ptx::pin(dk);
     ptx::pin(pa);
@@ -323,8 +365,10 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
         ptx::Wgmma<kDW, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile + wg_cols, kk), 1);
       ptx::wgmma_commit();
     }
+    if constexpr (!kHandover) {
 #pragma unroll
-    for (int kk = 0; kk < kStepsM; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+      for (int kk = 0; kk < kStepsM; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+    }
     ptx::pin(dsa);
     [[maybe_unused]] float dq[kDqCols / 8][4];
     [[maybe_unused]] const uint32_t ds_buf = smem + L::kDs + uint32_t(t & 1) * L::kDsBytes;

@@ -14,8 +14,9 @@
 //   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads Q and dO once,
 //     then K and V of each visited key tile into a kStages-slot ring;
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each (d 256:
-//     the same 64 rows, half of d each; without softcap one computes S, the
-//     other dP, and they trade them: backward_split_exchange.cuh).
+//     the same 64 rows, half of d each; one computes S, the other dP, and
+//     they trade them, under softcap as dP - D one way and the A fragments
+//     of dS the other: backward_split_exchange.cuh).
 //
 // Why a separate kernel (docs/hopper.md): the dK/dV kernel would otherwise
 // have to reduce dQ across key tiles, through global atomics (not
@@ -119,6 +120,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   // softcap, whose dS needs tanh(S) after dP has landed.
   constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
   constexpr bool kExchange = split_exchange(kD, kSoftcap);
+  constexpr bool kHandover = split_handover(kD, kSoftcap);
   static_assert(kBM == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
                 "one wgmma M of queries per warpgroup (or shared by both when split over d)");
   static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
@@ -163,8 +165,43 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     // rows are queries (lse2, D of this thread's rows g, g + 8), columns
     // keys.
     float s[1][kNT][4], dp[1][kNT][4];
+    uint32_t dsa[kStepsN][4];  // dS as register A operand: k-step kk = n8 blocks 2kk, 2kk+1
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
-    if constexpr (kExchange) {
+    if constexpr (kHandover) {
+      // Split over d under softcap: warpgroup 1 computes dP - D and hands it
+      // over; warpgroup 0 computes S, P, dS and hands back dS's A fragments
+      // (backward_split_exchange.cuh).
+      uint32_t dp_words[kNT][4];
+      if (wg == 0) {
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::pin(s[0]);
+        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, it, steps, dp_words);
+        words_to_floats(dp_words, dp);
+        p_and_ds_factor</*kRowsAreKeys=*/false, kSoftcap>(s, dp, lse2, c.score, mask, wg_row0,
+                                                          warp_row0, n0, lane);
+#pragma unroll
+        for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, it, dsa);
+      } else {
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk),
+                                    kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::pin(dp[0]);
+        dp_minus_d</*kRowsAreKeys=*/false>(dp, dsum, lane);
+        floats_to_words(dp, dp_words);
+        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, it, dp_words);
+        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, it, steps, dsa);
+      }
+    } else if constexpr (kExchange) {
       // Split over d: warpgroup 0 computes S and P, warpgroup 1 dP and
       // dP - D, and they trade them (backward_split_exchange.cuh).
       if (wg == 0) {
@@ -203,9 +240,10 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
           s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
     }
 
-    uint32_t dsa[kStepsN][4];
+    if constexpr (!kHandover) {
 #pragma unroll
-    for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+      for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+    }
 
     // dQ += dS K (K MN-major: N runs along d, from this warpgroup's first
     // column block).

@@ -49,19 +49,29 @@ constexpr int kDqWriters = 2;
 // d = 256: dK, dV (and dQ) of 64 rows would need 2 x 128 f32 registers per
 // thread, so both consumer warpgroups own the SAME 64 rows and split d:
 // warpgroup w accumulates columns [128 w, 128 w + 128). Both need all of
-// P and dP - D of those rows: traded (kBwdSplitExchange, below) or, under
-// softcap, computed by each (identical bits in both; 1/3 of the GEMM work
-// redundant).
+// P and dS of those rows, which they trade (kBwdSplitExchange and
+// kBwdSplitHandover, below); with a switch off, each warpgroup computes both
+// S and dP (identical bits in both; 1/3 of the GEMM work redundant).
 constexpr bool split_d(int d) { return d > 128; }
 // Split over d, without softcap: instead of both computing S^T and dP^T,
 // warpgroup 0 computes S^T (and P^T), warpgroup 1 dP^T (and dP^T - D), and
 // they trade the two f32 tiles through shared memory (2 x 16 KB,
 // backward_split_exchange.cuh); a third of the GEMM work is no longer done
-// twice. Softcap keeps the redundant form (its dS also needs tanh(S), a
-// third tile). Off: both warpgroups compute both, as described above.
+// twice. Off: both warpgroups compute both, as described above.
 constexpr bool kBwdSplitExchange = true;
 constexpr bool split_exchange(int d, bool softcap) {
   return split_d(d) && kBwdSplitExchange && !softcap;
+}
+// Split over d, under softcap (dS also needs 1 - tanh(S)^2, which only the
+// warpgroup that computed S has): warpgroup 1 computes dP^T - D and hands
+// it to warpgroup 0, which computes S^T, the softcap, P^T and dS^T and hands
+// back their packed 16-bit A fragments (the same 2 x 16 KB of shared
+// memory; backward_split_exchange.cuh). Besides the redundant GEMM, the
+// tanh and exponentials are no longer done twice. Off: both warpgroups
+// compute both.
+constexpr bool kBwdSplitHandover = true;
+constexpr bool split_handover(int d, bool softcap) {
+  return split_d(d) && kBwdSplitHandover && softcap;
 }
 
 constexpr bool fused_dq_supported(int d) { return kBwdFusedDq && !split_d(d); }
