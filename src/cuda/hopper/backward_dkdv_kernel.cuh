@@ -282,7 +282,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::pin(s[0]);
-        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, t, w.steps, dp_words);
+        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
         words_to_floats(dp_words, dp);
         p_and_ds_factor</*kRowsAreKeys=*/true, kSoftcap>(s, dp, lse2, p.c.score, mask, wg_key0,
                                                          warp_key0, m0, lane);
@@ -291,7 +291,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
           flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
           ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
         }
-        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, t, pa, dsa);
+        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, pa, dsa);
       } else {
         ptx::wgmma_fence();
 #pragma unroll
@@ -303,8 +303,8 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
         ptx::pin(dp[0]);
         dp_minus_d</*kRowsAreKeys=*/true>(dp, dsum, lane);
         floats_to_words(dp, dp_words);
-        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, t, dp_words);
-        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, t, w.steps, pa, dsa);
+        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
+        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, pa, dsa);
       }
     } else if constexpr (kExchange) {
       // Split over d: warpgroup 0 computes S^T and P^T, warpgroup 1 dP^T

@@ -180,13 +180,13 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::pin(s[0]);
-        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, it, steps, dp_words);
+        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
         words_to_floats(dp_words, dp);
         p_and_ds_factor</*kRowsAreKeys=*/false, kSoftcap>(s, dp, lse2, c.score, mask, wg_row0,
                                                           warp_row0, n0, lane);
 #pragma unroll
         for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
-        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, it, dsa);
+        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
       } else {
         ptx::wgmma_fence();
 #pragma unroll
@@ -198,8 +198,8 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
         ptx::pin(dp[0]);
         dp_minus_d</*kRowsAreKeys=*/false>(dp, dsum, lane);
         floats_to_words(dp, dp_words);
-        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, it, dp_words);
-        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, it, steps, dsa);
+        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
+        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
       }
     } else if constexpr (kExchange) {
       // Split over d: warpgroup 0 computes S and P, warpgroup 1 dP and

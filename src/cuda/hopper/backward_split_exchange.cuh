@@ -22,14 +22,21 @@
 // Named barriers (256 threads: both warpgroups):
 //   ready            exchange: both buffers written (bar.sync by both);
 //   sent[w]          handover: warpgroup w has written buffer w (bar.sync
-//                    by both: the reader waits there anyway, and a writer
-//                    that only arrived is not seen as ordering its writes by
-//                    compute-sanitizer racecheck, which then reports every
-//                    read as a race);
-//   free[w]          warpgroup 1 - w has read buffer w: it arrives after
-//                    its read of step t (t < steps - 1), and warpgroup w
-//                    syncs before its write of step t + 1, so every phase
-//                    has 128 + 128 threads and none is left open at exit.
+//                    by both, twice a step: sent[1], then sent[0]). No free
+//                    barrier is needed: a writer passes the other buffer's
+//                    sync of a step only after the reader has finished
+//                    reading its own buffer of the step before (program
+//                    order), so sent[0] of step t orders warpgroup 0's reads
+//                    of buffer 1 before warpgroup 1's write of step t + 1,
+//                    and sent[1] of step t + 1 orders warpgroup 1's reads of
+//                    buffer 0 before warpgroup 0's write of step t + 1;
+//   free[w]          exchange: warpgroup 1 - w has read buffer w: it
+//                    arrives after its read of step t (t < steps - 1), and
+//                    warpgroup w syncs before its write of step t + 1, so
+//                    every phase has 128 + 128 threads and none is left
+//                    open at exit.
+// (A handover whose writer only arrived on sent[w] made compute-sanitizer
+// racecheck report every read of the tile as a race with its write.)
 #pragma once
 
 #include <cstdint>
@@ -109,27 +116,25 @@ __device__ __forceinline__ void load_groups(uint32_t buffer, int j0,
 }
 
 // Handover, writer side: warpgroup `wg` puts the 16-byte groups of its
-// arrays `words` (in order) of step t into its buffer (`xchg` + wg kBytes),
-// for the other warpgroup's receive_from_other_warpgroup of the same step.
+// arrays `words` (in order) into its buffer (`xchg` + wg kBytes) for the
+// other warpgroup's receive_from_other_warpgroup. Every step of both
+// warpgroups makes the same sequence of handovers (see sent[w] above).
 template <uint32_t kBytes, int... kGroups>
-__device__ __forceinline__ void send_to_other_warpgroup(uint32_t xchg, int wg, int t,
+__device__ __forceinline__ void send_to_other_warpgroup(uint32_t xchg, int wg,
                                                         const uint32_t (&... words)[kGroups][4]) {
   static_assert(uint32_t((kGroups + ...)) * kWarpgroupThreads * kXchgGroupBytes <= kBytes,
                 "the words fit the warpgroup's buffer");
   const uint32_t own = xchg + uint32_t(wg) * kBytes;
-  // Buffer `own` is free once the other warpgroup has read step t - 1's.
-  if (t > 0) ptx::named_barrier_sync(kXchgFreeBarrier + uint32_t(wg), kXchgThreads);
   int j0 = 0;
   ((store_groups(own, j0, words), j0 += kGroups), ...);
   ptx::named_barrier_sync(kXchgSentBarrier + uint32_t(wg), kXchgThreads);
 }
 
 // Handover, reader side: warpgroup `wg` waits for the other warpgroup's
-// groups of step t (of `steps`) and copies them into `words` (the arrays
-// the writer sent, in the same order).
+// groups and copies them into `words` (the arrays the writer sent, in the
+// same order).
 template <uint32_t kBytes, int... kGroups>
-__device__ __forceinline__ void receive_from_other_warpgroup(uint32_t xchg, int wg, int t,
-                                                             int steps,
+__device__ __forceinline__ void receive_from_other_warpgroup(uint32_t xchg, int wg,
                                                              uint32_t (&... words)[kGroups][4]) {
   static_assert(uint32_t((kGroups + ...)) * kWarpgroupThreads * kXchgGroupBytes <= kBytes,
                 "the words fit the other warpgroup's buffer");
@@ -138,7 +143,6 @@ __device__ __forceinline__ void receive_from_other_warpgroup(uint32_t xchg, int 
   ptx::named_barrier_sync(kXchgSentBarrier + writer, kXchgThreads);
   int j0 = 0;
   ((load_groups(other, j0, words), j0 += kGroups), ...);
-  if (t + 1 < steps) ptx::named_barrier_arrive(kXchgFreeBarrier + writer, kXchgThreads);
 }
 
 // The f32 accumulator tile as the 16-byte groups of a handover (bit casts).
