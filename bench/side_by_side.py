@@ -16,8 +16,12 @@ machine; torch backends are spot-checked against an f32 reference so a
 fast-but-wrong result is not reported.
 
 usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]
-                                    [--shapes all|core] [--ours-only]
-                                    [--ours BACKEND[:nondet],...]
+                                    [--shapes all|core] [--match TEXT]
+                                    [--ours-only] [--ours BACKEND[:nondet],...]
+
+--match keeps the shapes whose label (as printed, e.g. "cap30" or "d256")
+contains TEXT, for a short run of the shapes a change touched; the tables
+of docs/performance.md are full runs.
 
 --ours lists the gqattn backends to time (default cuda-flash); an entry
 BACKEND:nondet runs gqattn_bench --nondeterministic (Options::deterministic
@@ -244,12 +248,17 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--shapes", choices=["all", "core"], default="all")
+    ap.add_argument("--match", default="",
+                    help="only the shapes whose label contains this text, e.g. cap30")
     ap.add_argument("--ours-only", action="store_true")
     ap.add_argument("--ours", default="cuda-flash",
                     help="comma-separated gqattn backends to time, e.g. cuda-flash,cuda-hopper; "
                          f"BACKEND:{NONDET} times it with Options::deterministic = false")
     args = ap.parse_args()
     cfgs = STANDARD if args.shapes == "all" else STANDARD[:6]
+    cfgs = [c for c in cfgs if args.match in shape_key(c)]
+    if not cfgs:
+        ap.error(f"--match {args.match!r}: no standard shape's label contains it")
 
     ours_entries = [parse_ours(e) for e in args.ours.split(",") if e.strip()]
     results = []
