@@ -188,40 +188,23 @@ __device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&d
 //   dp <- dP - D, times 1 - v^2 under softcap (v before masking).
 // Orientation and indexing: stat_index, p_from_scores. Overlapped, P is
 // computed between wait_group 1 (S has landed) and wait_group 0, while
-// dP's wgmma still runs; under softcap 1 - v^2 is then kept in registers
-// until dP has landed (the same operations on the same values as the
-// serial order: the same bits).
+// dP's wgmma still runs; never under softcap, whose dS needs tanh(S) after
+// dP has landed.
 template <bool kRowsAreKeys, bool kSoftcap, bool kOverlapSdP, int kNT>
 __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&dp)[1][kNT][4],
                                                  const float* lse2, const float* dsum,
                                                  const flash::ScoreArgs& score,
                                                  const flash::MaskPolicy& mask, int wg_row0,
                                                  int warp_row0, int col0, int lane) {
+  static_assert(!(kOverlapSdP && kSoftcap), "softcap needs tanh(S) after dP has landed");
   if constexpr (kOverlapSdP) {
     // The S group has completed; dP (not read here) may still run.
     ptx::wgmma_wait<1>();
     ptx::pin(s[0]);
-    [[maybe_unused]] float ds_factor[kSoftcap ? kNT : 1][4];  // 1 - v^2
-    if constexpr (kSoftcap) {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float v = flash::softcap_tanh(s[0][nt][e] * score.pre);
-          ds_factor[nt][e] = 1.0f - v * v;
-          s[0][nt][e] = v;
-        }
-    }
     p_from_scores<kRowsAreKeys>(s, lse2, score, mask, wg_row0, warp_row0, col0, lane);
     ptx::wgmma_wait<0>();
     ptx::pin(dp[0]);
     dp_minus_d<kRowsAreKeys>(dp, dsum, lane);
-    if constexpr (kSoftcap) {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dp[0][nt][e] *= ds_factor[nt][e];
-    }
   } else {
     ptx::wgmma_wait<0>();
     ptx::pin(s[0]);

@@ -116,8 +116,9 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   constexpr int kNT = kBN / 8;            // n8 blocks of S, dP (keys)
   constexpr int kStepsD = kD / kWgmmaK;   // k-steps of S, dP
   constexpr int kStepsN = kBN / kWgmmaK;  // k-steps of dQ
-  // S and dP as two wgmma groups (P computed while dP runs).
-  constexpr bool kOverlapSdP = overlap_s_dp(kSoftcap);
+  // S and dP as two wgmma groups (P computed while dP runs); not under
+  // softcap, whose dS needs tanh(S) after dP has landed.
+  constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
   constexpr bool kExchange = split_exchange(kD, kSoftcap);
   constexpr bool kHandover = split_handover(kD, kSoftcap);
   static_assert(kBM == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,

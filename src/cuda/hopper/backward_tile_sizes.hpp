@@ -15,15 +15,9 @@ constexpr std::size_t kBwdMaxSmemBytes = 227 * 1024;
 
 // Overlap in both kernels: S (S^T) and dP (dP^T) are committed as two wgmma
 // groups; P is computed from S while the dP group still runs (wait_group 1,
-// then 0). Off: one group, wait_group 0.
+// then 0). Off under softcap (dS needs tanh of S after dP has landed; kept
+// simple). Off: one group, wait_group 0.
 constexpr bool kBwdOverlapSdP = true;
-// The same under softcap, where dS also needs 1 - tanh(S)^2: kept in 32
-// more f32 registers per thread until dP has landed. Off: softcap problems
-// take one group.
-constexpr bool kBwdOverlapSdPSoftcap = true;
-constexpr bool overlap_s_dp(bool softcap) {
-  return kBwdOverlapSdP && (!softcap || kBwdOverlapSdPSoftcap);
-}
 // Overlap in the dK/dV kernel: dV += P^T dO is committed on its own and runs
 // while dS^T is computed; then dK += dS^T Q. Off: both in one group after dS.
 constexpr bool kBwdOverlapDv = true;
