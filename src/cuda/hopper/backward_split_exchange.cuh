@@ -70,16 +70,14 @@ __device__ __forceinline__ void exchange_with_other_warpgroup(uint32_t xchg, int
                                                               int steps,
                                                               const float (&mine)[1][kNT][4],
                                                               float (&theirs)[1][kNT][4]) {
-  constexpr uint32_t kBytes = uint32_t(kWarpgroupThreads) * kNT * 4 * sizeof(float);
-  const uint32_t i = uint32_t(threadIdx.x) % kWarpgroupThreads;
+  constexpr uint32_t kBytes = uint32_t(kWarpgroupThreads) * kNT * kXchgGroupBytes;
   const uint32_t own = xchg + uint32_t(wg) * kBytes;
   const uint32_t other = xchg + uint32_t(1 - wg) * kBytes;
   // Buffer `own` is free once the other warpgroup has read step t - 1's.
   if (t > 0) ptx::named_barrier_sync(kXchgFreeBarrier + uint32_t(wg), kXchgThreads);
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt)
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                     own + (uint32_t(nt) * kWarpgroupThreads + i) * 16u),
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(xchg_group_addr(own, nt)),
                  "f"(mine[0][nt][0]), "f"(mine[0][nt][1]), "f"(mine[0][nt][2]), "f"(mine[0][nt][3])
                  : "memory");
   ptx::named_barrier_sync(kXchgReadyBarrier, kXchgThreads);
@@ -88,7 +86,7 @@ __device__ __forceinline__ void exchange_with_other_warpgroup(uint32_t xchg, int
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                  : "=f"(theirs[0][nt][0]), "=f"(theirs[0][nt][1]), "=f"(theirs[0][nt][2]),
                    "=f"(theirs[0][nt][3])
-                 : "r"(other + (uint32_t(nt) * kWarpgroupThreads + i) * 16u)
+                 : "r"(xchg_group_addr(other, nt))
                  : "memory");
   if (t + 1 < steps) ptx::named_barrier_arrive(kXchgFreeBarrier + uint32_t(1 - wg), kXchgThreads);
 }
