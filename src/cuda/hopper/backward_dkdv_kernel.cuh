@@ -269,11 +269,12 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     // P^T and dS^T as register A operands: k-step kk = n8 blocks 2kk, 2kk+1.
     uint32_t pa[kStepsM][4], dsa[kStepsM][4];
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
-    if constexpr (kHandover) {
-      // Split over d under softcap: warpgroup 1 computes dP^T - D and hands
-      // it over; warpgroup 0 computes S^T, P^T, dS^T and hands back their A
-      // fragments (backward_split_exchange.cuh).
-      uint32_t dp_words[kNT][4];
+    if constexpr (kExchange || kHandover) {
+      // Split over d: warpgroup 0 computes S^T, warpgroup 1 dP^T and dP^T -
+      // D, and they trade them (backward_split_exchange.cuh): exchange, the
+      // f32 P^T one way and dP^T - D the other; handover (softcap), dP^T - D
+      // one way and the A fragments of P^T and dS^T the other.
+      [[maybe_unused]] uint32_t dp_words[kNT][4];  // handover: dP - D as words
       if (wg == 0) {
         ptx::wgmma_fence();
 #pragma unroll
@@ -282,16 +283,22 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::pin(s[0]);
-        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
-        words_to_floats(dp_words, dp);
-        p_and_ds_factor</*kRowsAreKeys=*/true, kSoftcap>(s, dp, lse2, p.c.score, mask, wg_key0,
-                                                         warp_key0, m0, lane);
+        if constexpr (kHandover) {
+          receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
+          words_to_floats(dp_words, dp);
+          p_and_ds_factor</*kRowsAreKeys=*/true, kSoftcap>(s, dp, lse2, p.c.score, mask, wg_key0,
+                                                           warp_key0, m0, lane);
 #pragma unroll
-        for (int kk = 0; kk < kStepsM; ++kk) {
-          flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-          ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+          for (int kk = 0; kk < kStepsM; ++kk) {
+            flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+            ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+          }
+          send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, pa, dsa);
+        } else {
+          p_from_scores</*kRowsAreKeys=*/true>(s, lse2, p.c.score, mask, wg_key0, warp_key0, m0,
+                                               lane);
+          exchange_with_other_warpgroup(smem + L::kXchg, wg, t, w.steps, s, dp);
         }
-        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, pa, dsa);
       } else {
         ptx::wgmma_fence();
 #pragma unroll
@@ -302,35 +309,13 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
         ptx::wgmma_wait<0>();
         ptx::pin(dp[0]);
         dp_minus_d</*kRowsAreKeys=*/true>(dp, dsum, lane);
-        floats_to_words(dp, dp_words);
-        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
-        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, pa, dsa);
-      }
-    } else if constexpr (kExchange) {
-      // Split over d: warpgroup 0 computes S^T and P^T, warpgroup 1 dP^T
-      // and dP^T - D, and they trade them (backward_split_exchange.cuh).
-      if (wg == 0) {
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::pin(s[0]);
-        p_from_scores</*kRowsAreKeys=*/true>(s, lse2, p.c.score, mask, wg_key0, warp_key0, m0,
-                                             lane);
-        exchange_with_other_warpgroup(smem + L::kXchg, wg, t, w.steps, s, dp);
-      } else {
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk),
-                                    kk > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::pin(dp[0]);
-        dp_minus_d</*kRowsAreKeys=*/true>(dp, dsum, lane);
-        exchange_with_other_warpgroup(smem + L::kXchg, wg, t, w.steps, dp, s);
+        if constexpr (kHandover) {
+          floats_to_words(dp, dp_words);
+          send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
+          receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, pa, dsa);
+        } else {
+          exchange_with_other_warpgroup(smem + L::kXchg, wg, t, w.steps, dp, s);
+        }
       }
     } else {
       ptx::wgmma_fence();

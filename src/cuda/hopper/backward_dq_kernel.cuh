@@ -167,11 +167,12 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     float s[1][kNT][4], dp[1][kNT][4];
     uint32_t dsa[kStepsN][4];  // dS as register A operand: k-step kk = n8 blocks 2kk, 2kk+1
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
-    if constexpr (kHandover) {
-      // Split over d under softcap: warpgroup 1 computes dP - D and hands it
-      // over; warpgroup 0 computes S, P, dS and hands back dS's A fragments
-      // (backward_split_exchange.cuh).
-      uint32_t dp_words[kNT][4];
+    if constexpr (kExchange || kHandover) {
+      // Split over d: warpgroup 0 computes S, warpgroup 1 dP and dP - D, and
+      // they trade them (backward_split_exchange.cuh): exchange, the f32 P
+      // one way and dP - D the other; handover (softcap), dP - D one way and
+      // dS's A fragments the other.
+      [[maybe_unused]] uint32_t dp_words[kNT][4];  // handover: dP - D as words
       if (wg == 0) {
         ptx::wgmma_fence();
 #pragma unroll
@@ -180,13 +181,19 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::pin(s[0]);
-        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
-        words_to_floats(dp_words, dp);
-        p_and_ds_factor</*kRowsAreKeys=*/false, kSoftcap>(s, dp, lse2, c.score, mask, wg_row0,
-                                                          warp_row0, n0, lane);
+        if constexpr (kHandover) {
+          receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
+          words_to_floats(dp_words, dp);
+          p_and_ds_factor</*kRowsAreKeys=*/false, kSoftcap>(s, dp, lse2, c.score, mask, wg_row0,
+                                                            warp_row0, n0, lane);
 #pragma unroll
-        for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
-        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
+          for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
+          send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
+        } else {
+          p_from_scores</*kRowsAreKeys=*/false>(s, lse2, c.score, mask, wg_row0, warp_row0, n0,
+                                                lane);
+          exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, s, dp);
+        }
       } else {
         ptx::wgmma_fence();
 #pragma unroll
@@ -197,34 +204,13 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
         ptx::wgmma_wait<0>();
         ptx::pin(dp[0]);
         dp_minus_d</*kRowsAreKeys=*/false>(dp, dsum, lane);
-        floats_to_words(dp, dp_words);
-        send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
-        receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
-      }
-    } else if constexpr (kExchange) {
-      // Split over d: warpgroup 0 computes S and P, warpgroup 1 dP and
-      // dP - D, and they trade them (backward_split_exchange.cuh).
-      if (wg == 0) {
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::pin(s[0]);
-        p_from_scores</*kRowsAreKeys=*/false>(s, lse2, c.score, mask, wg_row0, warp_row0, n0, lane);
-        exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, s, dp);
-      } else {
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk),
-                                    kk > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::pin(dp[0]);
-        dp_minus_d</*kRowsAreKeys=*/false>(dp, dsum, lane);
-        exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, dp, s);
+        if constexpr (kHandover) {
+          floats_to_words(dp, dp_words);
+          send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
+          receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
+        } else {
+          exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, dp, s);
+        }
       }
     } else {
       ptx::wgmma_fence();
