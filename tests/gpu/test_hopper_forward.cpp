@@ -3,7 +3,8 @@
 // outputs, determinism by rerunning and comparing bits), forward only: the
 // shapes that break kernels — T = 1, T not a multiple of the tiles, Tq != Tk
 // both ways, d 64/128/256, Hkv = 1, Hkv = H, windows 1, 64 and >= T,
-// softcap with large logits, rows with no kept key, bf16 and f16, padded
+// softcap with large logits (each softcap score mode of score_mode.hpp),
+// rows with no kept key, bf16 and f16, padded
 // strides, and sequences long enough to wrap the TMA ring several times.
 // Non-causal d128 without a window runs on the wide 128 x 176 key tile
 // (tile_sizes.hpp kWideNonCausalD128): its cases have Tk not a multiple of
@@ -67,6 +68,16 @@ std::vector<HopperCase> cases() {
       large_logits(
           make("T120_causal_softcap30_d128_f16", 1, 120, 120, 2, 1, 128, true, 0, 30.0f, f16)),
       make("B5_H6_T65_causal_d128", 5, 65, 65, 6, 3, 128, true),
+      // Softcap score modes (score_mode.hpp): bf16 with cap log2 e <= 48 has
+      // no row maximum (the cap 30 cases above and below, P up to 2^43 with
+      // large logits; cap 33 next to the bound); bf16 with a larger cap and
+      // f16 keep it (cap 40 here, cap 50 at d256, the f16 cases).
+      large_logits(make("T260_causal_softcap33_d128", 1, 260, 260, 4, 2, 128, true, 0, 33.0f)),
+      large_logits(
+          make("T300_causal_softcap40_d128_row_max", 1, 300, 300, 4, 2, 128, true, 0, 40.0f)),
+      make("T300_causal_softcap30_d128_small_logits", 1, 300, 300, 4, 1, 128, true, 0, 30.0f),
+      large_logits(make("Tq200_Tk37_causal_softcap20_d128_empty_rows", 1, 200, 37, 2, 1, 128, true,
+                        0, 20.0f)),
       // d = 128, neither causal nor window: the wide 128 x 176 key tile
       // (so are T1_d128, T128_d128, T200_d128_mha, T1100_d128_mqa and the
       // non-causal Tq != Tk cases above). Key tiles of 176: Tk 200 = 176 +
@@ -91,6 +102,8 @@ std::vector<HopperCase> cases() {
       make("Tq70_Tk180_causal_window40_d64", 1, 70, 180, 4, 2, 64, true, 40),
       make("T150_d64_mqa8", 1, 150, 150, 8, 1, 64, false),
       large_logits(make("T96_softcap30_d64", 2, 96, 96, 2, 1, 64, false, 0, 30.0f)),
+      large_logits(
+          make("T130_causal_softcap30_d64_f16", 1, 130, 130, 2, 1, 64, true, 0, 30.0f, f16)),
       make("T129_causal_d64_f16", 1, 129, 129, 4, 2, 64, true, 0, 0.0f, f16),
       make("Tq60_Tk90_d64_f16_padded", 1, 60, 90, 2, 1, 64, false, 0, 0.0f, f16, true),
       make("T900_causal_d64", 1, 900, 900, 2, 1, 64, true),
@@ -101,6 +114,7 @@ std::vector<HopperCase> cases() {
       large_logits(
           make("Tq100_Tk140_causal_w32_softcap50_d256", 1, 100, 140, 2, 1, 256, true, 32, 50.0f)),
       make("T70_d256_f16", 1, 70, 70, 2, 2, 256, false, 0, 0.0f, f16),
+      large_logits(make("T190_causal_softcap20_d256_gqa2", 1, 190, 190, 4, 2, 256, true, 0, 20.0f)),
       make("T80_causal_w16_d256_padded", 1, 80, 80, 2, 1, 256, true, 16, 0.0f, bf16, true),
       make("T600_d256", 1, 600, 600, 2, 1, 256, false),
       // More work tiles than an H200 has SMs (132): with the persistent

@@ -1,7 +1,9 @@
 // cuda-hopper: a consumer warpgroup's main loop: for each key tile the
 // producer delivers, S = Q K^T on wgmma (both operands from shared memory),
 // softcap and mask (cuda-flash's policy), online softmax (softmax.cuh, the
-// arithmetic of cuda-flash's), then O += P V on wgmma with P from registers.
+// arithmetic of cuda-flash's; under ScoreMode::softcap_without_row_max the
+// no-offset softmax, with no row maximum and no rescale of O), then O += P V
+// on wgmma with P from registers.
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp.
 //
 // Operand layouts in shared memory (128-byte swizzle, tiles 1024-aligned,
@@ -44,6 +46,7 @@
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
 #include "cuda/hopper/ptx/wgmma_ops.cuh"
+#include "cuda/hopper/score_mode.hpp"
 #include "cuda/hopper/softcap.cuh"
 #include "cuda/hopper/softmax.cuh"
 #include "cuda/hopper/tile_coord.cuh"
@@ -131,7 +134,7 @@ static_assert(ptx::kFirstNamedBarrier + kConsumerWarpgroups <= ptx::kNamedBarrie
 // K/V visits of the CTA's earlier work tiles (this tile's visit `it` is the
 // producer's kv_base + it). Returns after every GEMM has retired and every
 // K, V and Q slot of the tile has been released.
-template <class Tile, typename Elem, bool kSoftcap>
+template <class Tile, typename Elem, ScoreMode kScores>
 __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord& tile,
                                         const MaskPolicy& mask, uint32_t smem, int wg, int t,
                                         int kv_base, PingPong& pp, ConsumerResult<Tile::kD>& out) {
@@ -146,6 +149,8 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   static_assert(kBM == kConsumerWarpgroups * kWgmmaM, "one wgmma M per consumer warpgroup");
   static_assert(kBN % kWgmmaK == 0 && kNT == 2 * kStepsPV, "P V needs whole k16 steps of S");
   static_assert(kConsumerWarpgroups == 2, "PingPong pairs exactly two consumer warpgroups");
+  constexpr bool kSoftcap = has_softcap(kScores);
+  constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
 
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
@@ -186,20 +191,29 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::Wgmma<kD, Elem>::rs(o[0], pa[kk], v_desc<kBN>(v, kk), 1);
     ptx::wgmma_commit();
   };
-  // Softcap (before masking), mask, softmax of visit `it`: S becomes P.
+  // Softcap (before masking), mask, softmax of visit `it`: S becomes P
+  // (alpha: O's rescale factors; untouched, and unused, without row max).
   const auto scores = [&](float(&s)[1][kNT][4], int it, RowSoftmax& sm,
                           float(&alpha)[kSoftmaxRows]) {
     const int n0 = (tile.keys.last - it) * kBN;
-    if constexpr (kSoftcap) {
-      if constexpr (kFastSoftcap && Tile::kFastSoftcapAllowed)
+    constexpr bool kFast = kFastSoftcap && Tile::kFastSoftcapAllowed;
+    if constexpr (kSoftcap && !kRowMax && kFast) {
+      softcap_exponents_1mufu(s, p.score.pre, sm.mult);  // S becomes v mult
+    } else if constexpr (kSoftcap) {
+      if constexpr (kFast)
         apply_softcap_1mufu(s, p.score.pre);
       else
         flash::apply_softcap(s, p.score.pre);
+      if constexpr (!kRowMax) scores_to_exponents(s, sm.mult);
     }
     if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY);
-    scores_to_p(sm, s, alpha);
+    if constexpr (kRowMax)
+      scores_to_p(sm, s, alpha);
+    else
+      exponents_to_p_unshifted(sm, s);
   };
+
   // P as the register A operand: k-step kk is S's n8 blocks 2kk, 2kk+1.
   const auto to_a = [](uint32_t(&pa)[kStepsPV][4], const float(&s)[1][kNT][4]) {
 #pragma unroll
@@ -212,7 +226,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   for (int i = 0; i < kD / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[0][i][e] = 0.0f;
-  RowSoftmax softmax(p.score.mult);
+  RowSoftmax softmax = kRowMax ? RowSoftmax(p.score.mult) : unshifted_softmax(p.score.mult);
   float alpha[kSoftmaxRows];
   float s[1][kNT][4];
   uint32_t pa[kStepsPV][4];
@@ -235,7 +249,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::pin(o[0]);
       ptx::pin(pa);  // the GEMM read pa until here
       if (it > 0) release(smem + L::kVEmpty + bar_off(it - 1));
-      rescale_o(o, alpha);
+      if constexpr (kRowMax) rescale_o(o, alpha);
       to_a(pa, s);
     };
     if (tiles > 0) {
@@ -305,7 +319,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::pin(s[0]);
       release(smem + L::kKEmpty + bar_off(it));
       scores(s, it, softmax, alpha);
-      rescale_o(o, alpha);
+      if constexpr (kRowMax) rescale_o(o, alpha);
       to_a(pa, s);
       ptx::mbar_wait(smem + L::kVFull + bar_off(it), parity(it));
       ptx::pin(o[0]);

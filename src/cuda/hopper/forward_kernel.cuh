@@ -1,8 +1,9 @@
 // cuda-hopper: the forward kernel (sm_90a): warp-specialised, FlashAttention-3
 // style, instantiated per tile shape (Tile = ForwardTile<kD, kWide>,
-// tile_sizes.hpp). A CTA of 384 threads works through the work tiles (query
-// tile of 128 rows, head, batch) its TileSchedule deals it — one tile per CTA, or,
-// with kPersistentScheduler, one CTA per SM looping over tiles:
+// tile_sizes.hpp), element type and ScoreMode (score_mode.hpp). A CTA of
+// 384 threads works through the work tiles (query tile of 128 rows, head,
+// batch) its TileSchedule deals it — one tile per CTA, or, with
+// kPersistentScheduler, one CTA per SM looping over tiles:
 //   warpgroup 0 (producer, setmaxnreg 24): one thread issues every TMA copy
 //     of every tile (producer.cuh); the other producer threads exit at once;
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each, wgmma
@@ -40,7 +41,7 @@ namespace gqattn::hopper {
 constexpr uint32_t kEmptyArrivals = kConsumerWarps;
 constexpr uint32_t kFullArrivals = 1;  // the producer's arrive.expect_tx
 
-template <class Tile, typename Elem, bool kSoftcap>
+template <class Tile, typename Elem, ScoreMode kScores>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardParams p) {
 #ifdef GQATTN_HOPPER_DEVICE_CODE
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const TileCoord tile =
         tile_coord<Tile::kBlockM, Tile::kBlockN>(p, mask, int(schedule.index(t)));
     ConsumerResult<kD> result;
-    consume<Tile, Elem, kSoftcap>(p, tile, mask, smem, wg, t, kv_base, pp, result);
+    consume<Tile, Elem, kScores>(p, tile, mask, smem, wg, t, kv_base, pp, result);
     store_output<kD, Elem>(p, tile, mask.tq, wg, result);
     kv_base += max(0, tile.keys.last - tile.keys.first + 1);
   }

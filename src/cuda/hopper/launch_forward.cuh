@@ -1,6 +1,7 @@
 // cuda-hopper: the forward launcher template: picks the tile (the wide d128
 // tile when forward_wide() says so, else the head dimension's default), the
-// kernel instance for the element type and softcap, opts in to its shared
+// kernel instance for the element type and ScoreMode (score_mode.hpp: plain,
+// softcap, or bf16 softcap without row maximum), opts in to its shared
 // memory, and launches a 1-D grid of CTAs of kThreads: one per work tile
 // (query tile, head, batch), or with kPersistentScheduler min(tiles, SMs)
 // CTAs (one fits per SM: __launch_bounds__(kThreads, 1) and the shared
@@ -18,10 +19,12 @@
 #include "cuda/common/device_query.hpp"
 #include "cuda/hopper/forward_kernel.cuh"
 #include "cuda/hopper/launchers.hpp"
+#include "cuda/hopper/score_mode.hpp"
+#include "gqattn/error.hpp"
 
 namespace gqattn::hopper {
 
-template <class Tile, typename Elem, bool kSoftcap>
+template <class Tile, typename Elem, ScoreMode kScores>
 void launch_forward_typed(const ForwardParams& params, cudaStream_t stream) {
   constexpr int kSmem = int(forward_smem_bytes<Tile>());
   ForwardParams p = params;
@@ -33,41 +36,52 @@ void launch_forward_typed(const ForwardParams& params, cudaStream_t stream) {
     blocks = std::min(blocks, kCtasPerSm * cuda::current_device_properties().multiprocessors);
   }
   if (blocks == 0) return;  // no work tile (B, H or Tq is 0)
-  auto kernel = forward_kernel<Tile, Elem, kSoftcap>;
+  auto kernel = forward_kernel<Tile, Elem, kScores>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   kernel<<<blocks, kThreads, kSmem, stream>>>(p);
   cuda::check_launch("cuda-hopper forward_kernel");
 }
 
-template <class Tile, bool kSoftcap>
+template <class Tile, ScoreMode kScores>
 void launch_forward_elem(const ForwardParams& p, ElemType elem, cudaStream_t s) {
   static_assert(Tile::kBlockM == ForwardTile<Tile::kD>::kBlockM,
                 "forward_blocks counts query tiles of the default tile's kBlockM");
-  if (elem == ElemType::bf16)
-    launch_forward_typed<Tile, __nv_bfloat16, kSoftcap>(p, s);
-  else
-    launch_forward_typed<Tile, __half, kSoftcap>(p, s);
+  if constexpr (kScores == ScoreMode::softcap_without_row_max) {
+    // score_mode() gives this mode to bf16 only: no f16 kernel is compiled.
+    if (elem != ElemType::bf16)
+      throw Error("cuda-hopper forward", "internal: the no-row-max softcap kernels are bf16 only");
+    launch_forward_typed<Tile, __nv_bfloat16, kScores>(p, s);
+  } else if (elem == ElemType::bf16) {
+    launch_forward_typed<Tile, __nv_bfloat16, kScores>(p, s);
+  } else {
+    launch_forward_typed<Tile, __half, kScores>(p, s);
+  }
 }
 
-template <int kD, bool kSoftcap>
-void launch_forward_softcap(const ForwardParams& p, ElemType elem, cudaStream_t s) {
+template <int kD, ScoreMode kScores>
+void launch_forward_scores(const ForwardParams& p, ElemType elem, cudaStream_t s) {
+  constexpr bool kSoftcap = has_softcap(kScores);
   if constexpr (has_wide_tile(kD, kSoftcap)) {
     if (forward_wide(kD, p.mask.causal, p.mask.window, kSoftcap)) {
-      launch_forward_elem<ForwardTile<kD, true>, kSoftcap>(p, elem, s);
+      launch_forward_elem<ForwardTile<kD, true>, kScores>(p, elem, s);
       return;
     }
   }
-  launch_forward_elem<ForwardTile<kD>, kSoftcap>(p, elem, s);
+  launch_forward_elem<ForwardTile<kD>, kScores>(p, elem, s);
 }
 
 template <int kD>
 void launch_forward(const ForwardParams& p, ElemType elem, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  if (p.score.softcap)
-    launch_forward_softcap<kD, true>(p, elem, s);
-  else
-    launch_forward_softcap<kD, false>(p, elem, s);
+  switch (score_mode(p.score, elem)) {
+    case ScoreMode::plain: launch_forward_scores<kD, ScoreMode::plain>(p, elem, s); break;
+    case ScoreMode::softcap: launch_forward_scores<kD, ScoreMode::softcap>(p, elem, s); break;
+    case ScoreMode::softcap_without_row_max:
+      if constexpr (kSoftcapWithoutRowMax)
+        launch_forward_scores<kD, ScoreMode::softcap_without_row_max>(p, elem, s);
+      break;
+  }
 }
 
 }  // namespace gqattn::hopper

@@ -34,15 +34,29 @@ __device__ __forceinline__ float softcap_ex2_factor(float pre) {
   return -2.0f * kSoftcapLog2e * pre;
 }
 
-// tanh(x * pre), given k = softcap_ex2_factor(pre).
-__device__ __forceinline__ float softcap_tanh_1mufu(float x, float k) {
-  const float e = flash::fast_exp2(fabsf(x) * k);  // exp(-2|y|); 0 for |y| large or inf
+// Given e = exp(-2|y|) and num = (1 - e) out: out * tanh(y), with the sign
+// of x (the sign of y). The reciprocal's last Newton step is fused with the
+// multiplication by num.
+__device__ __forceinline__ float softcap_tanh_from_e(float x, float e, float num) {
   const float den = 1.0f + e;
   float r = fmaf(fmaf(e, kRecipC2, kRecipC1), e, kRecipC0);
   r = fmaf(r, fmaf(-den, r, 1.0f), r);
-  const float q = (1.0f - e) * r;
-  const float t = fmaf(q, fmaf(-den, r, 1.0f), q);  // tanh(|y|)
+  const float q = num * r;
+  const float t = fmaf(q, fmaf(-den, r, 1.0f), q);  // out * tanh(|y|)
   return copysignf(t, x);
+}
+
+// tanh(x * pre), given k = softcap_ex2_factor(pre).
+__device__ __forceinline__ float softcap_tanh_1mufu(float x, float k) {
+  const float e = flash::fast_exp2(fabsf(x) * k);  // exp(-2|y|); 0 for |y| large or inf
+  return softcap_tanh_from_e(x, e, 1.0f - e);
+}
+
+// out * tanh(x * pre): the factor out rides on the numerator (one FMA
+// instead of the add 1 - e).
+__device__ __forceinline__ float softcap_scaled_tanh_1mufu(float x, float k, float out) {
+  const float e = flash::fast_exp2(fabsf(x) * k);
+  return softcap_tanh_from_e(x, e, fmaf(-e, out, out));
 }
 
 // v = tanh(s * pre) on every element (ScoreArgs: the capped logit is cap * v),
@@ -56,6 +70,21 @@ __device__ __forceinline__ void apply_softcap_1mufu(float (&acc)[kMT][kNT][4], f
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = softcap_tanh_1mufu(acc[mt][nt][e], k);
+}
+
+// The exponents v * mult (v = tanh(s * pre)) on every element, for the
+// no-offset softmax (score_mode.hpp), at the cost of the plain tanh.
+template <int kMT, int kNT>
+__device__ __forceinline__ void softcap_exponents_1mufu(float (&acc)[kMT][kNT][4], float pre,
+                                                        float mult) {
+  const float k = softcap_ex2_factor(pre);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc[mt][nt][e] = softcap_scaled_tanh_1mufu(acc[mt][nt][e], k, mult);
 }
 
 }  // namespace gqattn::hopper

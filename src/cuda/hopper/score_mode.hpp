@@ -1,0 +1,55 @@
+// cuda-hopper: how the forward turns a tile of scores into P, chosen per
+// problem on the host (launch_forward.cuh) and a template parameter of the
+// kernel. Plain C++ so the launcher can decide; checked on the CPU by
+// tests/cpu/test_hopper_score_mode.cpp (which problems take which mode) and
+// on the GPU by tests/gpu/test_hopper_forward.cpp (every mode against the
+// f64 oracle).
+//
+// The online softmax subtracts a running row maximum m from every exponent
+// so that P = 2^(v mult - m mult) <= 1 cannot overflow; it costs, per score,
+// a max and (per row) a quad reduction, and per tile the rescale of O by
+// 2^(m_old mult - m_new mult), and each exponent waits for the row's max.
+// Under softcap the exponent v mult (v = tanh, flash::ScoreArgs) is bounded
+// a priori: |v mult| <= mult = cap log2 e. So where 2^mult is far inside
+// the range of f32 and of P's element type, P = 2^(v mult) needs no offset
+// at all: no max, no rescale, exponents independent of each other. The
+// results are the same sums in the same order of the same P up to the power
+// of two 2^(m mult) (bf16 rounds relative to magnitude, so P V and the row
+// sum carry the same relative error); lse = log(sum) (the row maximum is 0).
+//
+// Limits of the no-offset mode (kMaxUnshiftedExponent = 48, cap <= 33.27):
+// - P in [2^-48, 2^48] for every kept score (masked ones are 2^-inf = 0);
+//   a row's largest P is at least 2^-48 (the offset softmax's is 1), so the
+//   f32 products P v stay normal for |v| >= 2^-78, and the f32 sums of P v
+//   stay finite while (keys x max |v|) < 2^80;
+// - bf16 only: f16's range (2^-24 .. 65504) cannot hold 2^(+-mult) for a
+//   useful cap, so f16 keeps the running maximum.
+#pragma once
+
+#include "cuda/flash/params.hpp"
+
+namespace gqattn::hopper {
+
+enum class ScoreMode {
+  plain,                    // no softcap: online softmax with the running row maximum
+  softcap,                  // softcap, then the same online softmax
+  softcap_without_row_max,  // softcap, P = 2^(v mult) with no offset (see above)
+};
+
+// Switch: off, every softcap problem keeps the running row maximum (and the
+// no-offset kernels are not compiled).
+constexpr bool kSoftcapWithoutRowMax = true;
+
+// The largest mult (= cap log2 e) the no-offset mode takes.
+constexpr float kMaxUnshiftedExponent = 48.0f;
+
+inline ScoreMode score_mode(const flash::ScoreArgs& score, flash::ElemType elem) {
+  if (!score.softcap) return ScoreMode::plain;
+  if (kSoftcapWithoutRowMax && elem == flash::ElemType::bf16 && score.mult <= kMaxUnshiftedExponent)
+    return ScoreMode::softcap_without_row_max;
+  return ScoreMode::softcap;
+}
+
+constexpr bool has_softcap(ScoreMode mode) { return mode != ScoreMode::plain; }
+
+}  // namespace gqattn::hopper
