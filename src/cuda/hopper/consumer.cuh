@@ -196,15 +196,16 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   const auto scores = [&](float(&s)[1][kNT][4], int it, RowSoftmax& sm,
                           float(&alpha)[kSoftmaxRows]) {
     const int n0 = (tile.keys.last - it) * kBN;
-    constexpr bool kFast = kFastSoftcap && Tile::kFastSoftcapAllowed;
-    if constexpr (kSoftcap && !kRowMax && kFast) {
-      softcap_exponents_1mufu(s, p.score.pre, sm.mult);  // S becomes v mult
+    if constexpr (kSoftcap && !kRowMax) {  // S becomes v mult
+      if constexpr (Tile::kTwoMufuSoftcapExponents)
+        softcap_exponents_2mufu(s, p.score.pre, sm.mult);
+      else
+        softcap_exponents_1mufu(s, p.score.pre, sm.mult);
     } else if constexpr (kSoftcap) {
-      if constexpr (kFast)
+      if constexpr (kFastSoftcap && Tile::kFastSoftcapAllowed)
         apply_softcap_1mufu(s, p.score.pre);
       else
         flash::apply_softcap(s, p.score.pre);
-      if constexpr (!kRowMax) scores_to_exponents(s, sm.mult);
     }
     if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY);

@@ -1,8 +1,13 @@
-// cuda-hopper: the logit soft-cap's tanh with one special-function (MUFU)
-// op per element. cuda-flash's softcap_tanh (mask.cuh) costs two (ex2 and
-// the rcp of __fdividef); with the softmax's ex2 that made three MUFU ops
-// per score, and the MUFU pipe (16 results per clock per SM) bounded the
-// softcapped forward. Here the reciprocal is computed on the FMA pipe.
+// cuda-hopper: the forward's logit soft-cap, in two forms, one per softcap
+// ScoreMode (score_mode.hpp):
+// - softcap (running row maximum): tanh with one special-function (MUFU) op
+//   per element, below. cuda-flash's softcap_tanh (mask.cuh) costs two (ex2
+//   and the rcp of __fdividef); with the softmax's ex2 that made three MUFU
+//   ops per score, and the MUFU pipe (16 results per clock per SM) bounded
+//   that softcapped forward. Here the reciprocal is computed on the FMA pipe.
+// - softcap_without_row_max: the exponents v mult directly, in the same
+//   one-MUFU form or in cuda-flash's two-MUFU form (the end of the file),
+//   per ForwardTile::kSoftcapExponentsOnMufu.
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp
 // (softcap cases) and, on the host, against std::tanh over |y| <= 30 for
 // several pre factors: absolute error <= 1.5e-7 (cuda-flash's: 1.9e-7;
@@ -85,6 +90,33 @@ __device__ __forceinline__ void softcap_exponents_1mufu(float (&acc)[kMT][kNT][4
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         acc[mt][nt][e] = softcap_scaled_tanh_1mufu(acc[mt][nt][e], k, mult);
+}
+
+// The same exponents with cuda-flash's two-MUFU form: out * tanh(y) = out - 2 out / (1 + e^(2y)),
+// five instructions (mul, ex2, add, rcp, fma) against the one-MUFU form's twelve (with the
+// softmax's ex2 three MUFU ops per score instead of two). Measured on the
+// H200 (docs/hopper.md): without the row maximum the d128 and d256 loops are
+// bound by their instruction stream, not by the MUFU pipe (d64's is, see
+// ForwardTile::kSoftcapExponentsOnMufu). e^(2y) overflowing to +inf
+// gives rcp 0, i.e. +out; absolute error of tanh about 2e-7 (cuda-flash's
+// softcap_tanh).
+template <int kMT, int kNT>
+__device__ __forceinline__ void softcap_exponents_2mufu(float (&acc)[kMT][kNT][4], float pre,
+                                                        float mult) {
+  const float k = 2.0f * kSoftcapLog2e * pre;  // x -> 2 y log2 e
+  const float minus_two_mult = -2.0f * mult;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float r;
+        asm("rcp.approx.ftz.f32 %0, %1;"
+            : "=f"(r)
+            : "f"(1.0f + flash::fast_exp2(acc[mt][nt][e] * k)));
+        acc[mt][nt][e] = fmaf(r, minus_two_mult, mult);
+      }
 }
 
 }  // namespace gqattn::hopper

@@ -62,15 +62,6 @@ __device__ __forceinline__ RowSoftmax unshifted_softmax(float mult) {
   return sm;
 }
 
-// v -> v mult, where the softcap's tanh could not fold it in (d256).
-template <int kNT>
-__device__ __forceinline__ void scores_to_exponents(float (&s)[1][kNT][4], float mult) {
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[0][nt][e] *= mult;
-}
-
 // x: this tile's exponents v mult (|x| <= kMaxUnshiftedExponent, masked
 // ones -inf), replaced by p = 2^x; no maximum, no rescale factor: O is
 // never rescaled in this mode.

@@ -86,6 +86,11 @@ constexpr bool kWideSoftcapD128 = false;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the non-causal
 // variant (only <128, true> exists, used as forward_wide() says).
+// kTwoMufuSoftcapExponents: under ScoreMode::softcap_without_row_max, the
+// exponents in cuda-flash's two-MUFU form (softcap.cuh): fewer
+// instructions, one more MUFU op per score. Measured on the H200 (fwd
+// TFLOP/s, causal cap30 B4 T4k, one-MUFU / two-MUFU): d128 402 / 432, d64
+// 239 / 227 (half d128's tensor work per score: the MUFU pipe bounds it).
 template <int kD, bool kWide = false>
 struct ForwardTile;
 template <>
@@ -93,12 +98,14 @@ struct ForwardTile<64> {
   static constexpr int kD = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
+  static constexpr bool kTwoMufuSoftcapExponents = false;
 };
 template <>
 struct ForwardTile<128> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
+  static constexpr bool kTwoMufuSoftcapExponents = true;
 };
 // 128 x 176: S is 88 f32 per consumer thread (m64n176k16), P 44 packed
 // registers (11 k16 steps of the P V GEMM), O 64.
@@ -107,6 +114,7 @@ struct ForwardTile<128, true> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 176, kStages = 2;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
+  static constexpr bool kTwoMufuSoftcapExponents = true;
 };
 template <>
 struct ForwardTile<256> {
@@ -116,6 +124,7 @@ struct ForwardTile<256> {
   // tanh spills 9 registers (ptxas 13.0); d256's softmax has half the
   // elements per GEMM FLOP of d128, so the MUFU pipe does not bound it.
   static constexpr bool kFastSoftcapAllowed = false;
+  static constexpr bool kTwoMufuSoftcapExponents = true;
 };
 
 // Whether head dimension d has a wide (non-causal) tile for softcap on or
