@@ -2,7 +2,8 @@
 // DESIGN §4, NaN-poisoned outputs, determinism by rerunning and comparing
 // bits): the shapes that break kernels — T = 1, T not a multiple of any
 // tile, Tq != Tk both ways, d 64/128/256, Hkv = 1, Hkv = H, H/Hkv = 4,
-// windows 1, 64 and >= T, softcap with large logits, rows with no kept key,
+// windows 1, 64 and >= T, softcap with large logits (each softcap score
+// mode of flash/score_mode.hpp), rows with no kept key,
 // bf16 and f16, padded strides. Every case skips, saying why, where
 // cuda-flash cannot run (no usable device, or too little shared memory).
 // Every case runs with each dQ strategy (GQATTN_FLASH_DQ=separate, =ordered
@@ -62,6 +63,16 @@ std::vector<FlashCase> cases() {
       large_logits(make("T96_softcap30_d64", 2, 96, 96, 2, 1, 64, false, 0, 30.0f)),
       large_logits(
           make("Tq100_Tk140_causal_w32_softcap50_d256", 1, 100, 140, 2, 1, 256, true, 32, 50.0f)),
+      // Softcap score modes (flash/score_mode.hpp): bf16 with cap log2 e <=
+      // 48 has no row maximum (the cap 30 bf16 cases, cap 33 next to the
+      // bound, cap 20); bf16 with a larger cap (40, 50) and f16 keep it.
+      large_logits(make("T260_causal_softcap33_d128", 1, 260, 260, 4, 2, 128, true, 0, 33.0f)),
+      large_logits(
+          make("T200_causal_softcap40_d128_row_max", 1, 200, 200, 4, 2, 128, true, 0, 40.0f)),
+      make("T300_causal_softcap30_d128_small_logits", 1, 300, 300, 4, 1, 128, true, 0, 30.0f),
+      large_logits(
+          make("Tq200_Tk37_causal_softcap20_d64_empty_rows", 1, 200, 37, 2, 1, 64, true, 0, 20.0f)),
+      large_logits(make("T190_causal_softcap20_d256_gqa2", 1, 190, 190, 4, 2, 256, true, 0, 20.0f)),
       make("T129_causal_d64_f16", 1, 129, 129, 4, 2, 64, true, 0, 0.0f, f16),
       make("T200_window64_d128_f16", 1, 200, 200, 2, 1, 128, true, 64, 0.0f, f16),
       make("T70_d256_f16", 1, 70, 70, 2, 2, 256, false, 0, 0.0f, f16),
@@ -84,6 +95,7 @@ std::vector<FlashCase> long_cases() {
       make("Tq300_Tk1000_causal_window300_d128", 1, 300, 1000, 4, 2, 128, true, 300),
       make("Tq1000_Tk300_causal_d128_empty_rows", 1, 1000, 300, 2, 1, 128, true),
       large_logits(make("T600_causal_softcap50_d256", 1, 600, 600, 4, 2, 256, true, 0, 50.0f)),
+      large_logits(make("T700_causal_softcap30_d128_gqa4", 1, 700, 700, 8, 2, 128, true, 0, 30.0f)),
       make("T520_window100_d256_f16", 1, 520, 520, 2, 1, 256, false, 100, 0.0f, DType::f16),
   };
 }

@@ -13,8 +13,9 @@
 //   S = Q K(n)^T;   (softcap; mask if the tile is not fully kept)
 //   wait V(n); barrier (everyone is done with K(n)); issue K(n-1)
 //   online softmax; O += P V(n)
-// O is rescaled by the change of the row max at each step and divided by
-// the row sum once at the end; the epilogue stages O through shared memory
+// O is rescaled by the change of the row max at each step (not at all under
+// ScoreMode::softcap_without_row_max, score_mode.hpp) and divided by the row
+// sum once at the end; the epilogue stages O through shared memory
 // so the global stores are whole 16-byte chunks.
 #pragma once
 
@@ -23,15 +24,17 @@
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
 #include "cuda/flash/params.hpp"
+#include "cuda/flash/score_mode.hpp"
 #include "cuda/flash/softmax.cuh"
 #include "cuda/flash/tile_io.cuh"
 #include "cuda/flash/tile_sizes.hpp"
 
 namespace gqattn::flash {
 
-template <int kD, typename Elem, bool kSoftcap>
+template <int kD, typename Elem, ScoreMode kScores>
 __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
     forward_kernel(const ForwardParams p) {
+  constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
   using Tile = ForwardTile<kD>;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kBN = Tile::kBlockN;
@@ -91,6 +94,7 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
 
   float acc_o[kMT][kDT][4] = {};
   OnlineSoftmax<kMT> softmax(p.score.mult);
+  if constexpr (!kRowMax) softmax.start_unshifted();
 
   for (int n_block = range.last; n_block >= range.first; --n_block) {
     const int n0 = n_block * kBN;
@@ -118,7 +122,8 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
         }
       }
     }
-    if constexpr (kSoftcap) apply_softcap(s, p.score.pre);
+    if constexpr (kScores == ScoreMode::softcap) apply_softcap(s, p.score.pre);
+    if constexpr (!kRowMax) softcap_exponents(s, p.score.pre, p.score.mult);  // s: v mult
     if (!mask.fully_kept(m0, kBM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, m0 + row_w, n0, lane, -INFINITY);
 
@@ -127,7 +132,10 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
     if (n_block > range.first) load_k(n_block - 1);
     cp_async_commit();
 
-    softmax.update(s, acc_o);
+    if constexpr (kRowMax)
+      softmax.update(s, acc_o);
+    else
+      softmax.update_unshifted(s);
 
 #pragma unroll
     for (int kk = 0; kk < kStepsPV; ++kk) {

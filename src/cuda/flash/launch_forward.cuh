@@ -1,45 +1,58 @@
 // cuda-flash: the forward launcher template: picks the kernel instance for
-// the element type and softcap, sets its shared memory, launches one CTA per
-// (query tile, head, batch) on a 1-D grid (B*H may exceed grid.y's limit).
+// the element type and ScoreMode (score_mode.hpp), sets its shared memory,
+// launches one CTA per (query tile, head, batch) on a 1-D grid (B*H may
+// exceed grid.y's limit).
 // Instantiated per head dimension by launch_forward_d*.cu. Checked through
 // tests/gpu/test_flash_*.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/flash/forward_kernel.cuh"
 #include "cuda/flash/launchers.hpp"
+#include "cuda/flash/score_mode.hpp"
+#include "gqattn/error.hpp"
 
 namespace gqattn::flash {
 
-template <int kD, typename Elem, bool kSoftcap>
+template <int kD, typename Elem, ScoreMode kScores>
 void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
   using Tile = ForwardTile<kD>;
   constexpr int kThreads = Tile::kWarps * kWarpSize;
   constexpr int kSmem = int(forward_smem_bytes<kD>());
   const int blocks = int(forward_blocks(kD, p.B, p.H, p.mask.tq));
-  auto kernel = forward_kernel<kD, Elem, kSoftcap>;
+  auto kernel = forward_kernel<kD, Elem, kScores>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   kernel<<<blocks, kThreads, kSmem, stream>>>(p);
   cuda::check_launch("cuda-flash forward_kernel");
 }
 
+template <int kD, typename Elem>
+void launch_forward_elem(const ForwardParams& p, cudaStream_t s) {
+  switch (score_mode(p.score, std::is_same_v<Elem, __half> ? ElemType::f16 : ElemType::bf16)) {
+    case ScoreMode::plain: launch_forward_typed<kD, Elem, ScoreMode::plain>(p, s); break;
+    case ScoreMode::softcap: launch_forward_typed<kD, Elem, ScoreMode::softcap>(p, s); break;
+    case ScoreMode::softcap_without_row_max:
+      // score_mode() gives this mode to bf16 only: no f16 kernel is compiled.
+      if constexpr (kSoftcapWithoutRowMax && std::is_same_v<Elem, __nv_bfloat16>)
+        launch_forward_typed<kD, Elem, ScoreMode::softcap_without_row_max>(p, s);
+      else
+        throw Error("cuda-flash forward", "internal: the no-row-max softcap kernels are bf16 only");
+      break;
+  }
+}
+
 template <int kD>
 void launch_forward(const ForwardParams& p, ElemType elem, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  if (elem == ElemType::bf16) {
-    if (p.score.softcap)
-      launch_forward_typed<kD, __nv_bfloat16, true>(p, s);
-    else
-      launch_forward_typed<kD, __nv_bfloat16, false>(p, s);
-  } else {
-    if (p.score.softcap)
-      launch_forward_typed<kD, __half, true>(p, s);
-    else
-      launch_forward_typed<kD, __half, false>(p, s);
-  }
+  if (elem == ElemType::bf16)
+    launch_forward_elem<kD, __nv_bfloat16>(p, s);
+  else
+    launch_forward_elem<kD, __half>(p, s);
 }
 
 }  // namespace gqattn::flash

@@ -119,4 +119,27 @@ __device__ __forceinline__ void apply_softcap(float (&acc)[kMT][kNT][4], float p
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = softcap_tanh(acc[mt][nt][e] * pre);
 }
 
+// The exponents v mult (v = tanh(s pre)) on every element, for
+// ScoreMode::softcap_without_row_max (score_mode.hpp): softcap_tanh's form
+// with mult folded into its last step, mult tanh(y) = mult - 2 mult /
+// (e^(2y) + 1): mul, ex2, add, rcp, fma. e^(2y) overflowing to +inf gives
+// rcp 0, i.e. +mult.
+template <int kMT, int kNT>
+__device__ __forceinline__ void softcap_exponents(float (&acc)[kMT][kNT][4], float pre,
+                                                  float mult) {
+  constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
+  const float k = kTwoLog2e * pre;
+  const float minus_two_mult = -2.0f * mult;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float r;
+        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fast_exp2(acc[mt][nt][e] * k) + 1.0f));
+        acc[mt][nt][e] = fmaf(r, minus_two_mult, mult);
+      }
+}
+
 }  // namespace gqattn::flash

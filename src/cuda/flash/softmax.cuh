@@ -5,6 +5,9 @@
 // Checked against the f64 oracle through tests/gpu/test_flash_*.cpp (large
 // rows, softcap, rows with no kept key).
 //
+// update_unshifted() is the no-offset variant of ScoreMode::
+// softcap_without_row_max (score_mode.hpp): no maximum, no rescale.
+//
 // Invariants: a row whose every element so far was masked has max -inf; the
 // exponent offset then uses 0 instead (never -inf - -inf), so its p are 0,
 // its sum stays 0, and finalize() gives o = 0 and lse = -inf.
@@ -65,6 +68,38 @@ struct OnlineSoftmax {
           o[mt][dt][2 * half] *= alpha;
           o[mt][dt][2 * half + 1] *= alpha;
         }
+      }
+  }
+
+  // ScoreMode::softcap_without_row_max (score_mode.hpp), called once before
+  // the first update_unshifted(): the row maxima stay 0 for good, so
+  // finalize() gives lse = log(sum) (and -inf, o = 0 for a row with no kept
+  // key, whose sum stays 0).
+  __device__ __forceinline__ void start_unshifted() {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) row_max[r] = 0.0f;
+  }
+
+  // The same mode's update. x: this tile's exponents v mult (|x| <=
+  // kMaxUnshiftedExponent, masked ones -inf), replaced by p = 2^x; no
+  // maximum, so O is never rescaled.
+  template <int kNT>
+  __device__ __forceinline__ void update_unshifted(float (&x)[kMT][kNT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        float sum = row_sum[r];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 2 * half; e < 2 * half + 2; ++e) {
+            const float p = fast_exp2(x[mt][nt][e]);
+            x[mt][nt][e] = p;
+            sum += p;
+          }
+        row_sum[r] = sum;
       }
   }
 

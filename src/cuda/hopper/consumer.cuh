@@ -40,13 +40,13 @@
 
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
+#include "cuda/flash/score_mode.hpp"
 #include "cuda/flash/softmax.cuh"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
 #include "cuda/hopper/ptx/wgmma_ops.cuh"
-#include "cuda/hopper/score_mode.hpp"
 #include "cuda/hopper/softcap.cuh"
 #include "cuda/hopper/softmax.cuh"
 #include "cuda/hopper/tile_coord.cuh"
@@ -149,7 +149,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   static_assert(kBM == kConsumerWarpgroups * kWgmmaM, "one wgmma M per consumer warpgroup");
   static_assert(kBN % kWgmmaK == 0 && kNT == 2 * kStepsPV, "P V needs whole k16 steps of S");
   static_assert(kConsumerWarpgroups == 2, "PingPong pairs exactly two consumer warpgroups");
-  constexpr bool kSoftcap = has_softcap(kScores);
+  constexpr bool kSoftcap = flash::has_softcap(kScores);
   constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
 
   const int lane = int(threadIdx.x) % kWarpSize;
@@ -198,7 +198,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     const int n0 = (tile.keys.last - it) * kBN;
     if constexpr (kSoftcap && !kRowMax) {  // S becomes v mult
       if constexpr (Tile::kTwoMufuSoftcapExponents)
-        softcap_exponents_2mufu(s, p.score.pre, sm.mult);
+        flash::softcap_exponents(s, p.score.pre, sm.mult);
       else
         softcap_exponents_1mufu(s, p.score.pre, sm.mult);
     } else if constexpr (kSoftcap) {
@@ -212,7 +212,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     if constexpr (kRowMax)
       scores_to_p(sm, s, alpha);
     else
-      exponents_to_p_unshifted(sm, s);
+      sm.update_unshifted(s);
   };
 
   // P as the register A operand: k-step kk is S's n8 blocks 2kk, 2kk+1.
@@ -227,7 +227,8 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   for (int i = 0; i < kD / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[0][i][e] = 0.0f;
-  RowSoftmax softmax = kRowMax ? RowSoftmax(p.score.mult) : unshifted_softmax(p.score.mult);
+  RowSoftmax softmax(p.score.mult);
+  if constexpr (!kRowMax) softmax.start_unshifted();
   float alpha[kSoftmaxRows];
   float s[1][kNT][4];
   uint32_t pa[kStepsPV][4];

@@ -1,6 +1,6 @@
 // cuda-hopper: the forward kernel (sm_90a): warp-specialised, FlashAttention-3
 // style, instantiated per tile shape (Tile = ForwardTile<kD, kWide>,
-// tile_sizes.hpp), element type and ScoreMode (score_mode.hpp). A CTA of
+// tile_sizes.hpp), element type and ScoreMode (flash/score_mode.hpp). A CTA of
 // 384 threads works through the work tiles (query tile of 128 rows, head,
 // batch) its TileSchedule deals it — one tile per CTA, or, with
 // kPersistentScheduler, one CTA per SM looping over tiles:

@@ -1,6 +1,6 @@
 // cuda-hopper: the forward launcher template: picks the tile (the wide d128
 // tile when forward_wide() says so, else the head dimension's default), the
-// kernel instance for the element type and ScoreMode (score_mode.hpp: plain,
+// kernel instance for the element type and ScoreMode (flash/score_mode.hpp: plain,
 // softcap, or bf16 softcap without row maximum), opts in to its shared
 // memory, and launches a 1-D grid of CTAs of kThreads: one per work tile
 // (query tile, head, batch), or with kPersistentScheduler min(tiles, SMs)
@@ -19,7 +19,6 @@
 #include "cuda/common/device_query.hpp"
 #include "cuda/hopper/forward_kernel.cuh"
 #include "cuda/hopper/launchers.hpp"
-#include "cuda/hopper/score_mode.hpp"
 #include "gqattn/error.hpp"
 
 namespace gqattn::hopper {
@@ -61,7 +60,7 @@ void launch_forward_elem(const ForwardParams& p, ElemType elem, cudaStream_t s) 
 
 template <int kD, ScoreMode kScores>
 void launch_forward_scores(const ForwardParams& p, ElemType elem, cudaStream_t s) {
-  constexpr bool kSoftcap = has_softcap(kScores);
+  constexpr bool kSoftcap = flash::has_softcap(kScores);
   if constexpr (has_wide_tile(kD, kSoftcap)) {
     if (forward_wide(kD, p.mask.causal, p.mask.window, kSoftcap)) {
       launch_forward_elem<ForwardTile<kD, true>, kScores>(p, elem, s);
@@ -74,11 +73,11 @@ void launch_forward_scores(const ForwardParams& p, ElemType elem, cudaStream_t s
 template <int kD>
 void launch_forward(const ForwardParams& p, ElemType elem, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (score_mode(p.score, elem)) {
+  switch (flash::score_mode(p.score, elem)) {
     case ScoreMode::plain: launch_forward_scores<kD, ScoreMode::plain>(p, elem, s); break;
     case ScoreMode::softcap: launch_forward_scores<kD, ScoreMode::softcap>(p, elem, s); break;
     case ScoreMode::softcap_without_row_max:
-      if constexpr (kSoftcapWithoutRowMax)
+      if constexpr (flash::kSoftcapWithoutRowMax)
         launch_forward_scores<kD, ScoreMode::softcap_without_row_max>(p, elem, s);
       break;
   }

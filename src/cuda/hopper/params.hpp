@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/flash/params.hpp"
+#include "cuda/flash/score_mode.hpp"
 
 namespace gqattn::hopper {
 
@@ -17,6 +18,7 @@ using flash::ElemType;
 using flash::MaskArgs;
 using flash::RowStrides;
 using flash::ScoreArgs;
+using flash::ScoreMode;
 
 struct ForwardParams {
   // Maps of q [B, Tq, H, d], k and v [B, Tk, Hkv, d], dimensions innermost

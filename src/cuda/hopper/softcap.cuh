@@ -1,13 +1,13 @@
 // cuda-hopper: the forward's logit soft-cap, in two forms, one per softcap
-// ScoreMode (score_mode.hpp):
+// ScoreMode (flash/score_mode.hpp):
 // - softcap (running row maximum): tanh with one special-function (MUFU) op
 //   per element, below. cuda-flash's softcap_tanh (mask.cuh) costs two (ex2
 //   and the rcp of __fdividef); with the softmax's ex2 that made three MUFU
 //   ops per score, and the MUFU pipe (16 results per clock per SM) bounded
 //   that softcapped forward. Here the reciprocal is computed on the FMA pipe.
 // - softcap_without_row_max: the exponents v mult directly, in the same
-//   one-MUFU form or in cuda-flash's two-MUFU form (the end of the file),
-//   per ForwardTile::kSoftcapExponentsOnMufu.
+//   one-MUFU form (softcap_exponents_1mufu) or in cuda-flash's two-MUFU form
+//   (flash::softcap_exponents), per ForwardTile::kTwoMufuSoftcapExponents.
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp
 // (softcap cases) and, on the host, against std::tanh over |y| <= 30 for
 // several pre factors: absolute error <= 1.5e-7 (cuda-flash's: 1.9e-7;
@@ -39,29 +39,18 @@ __device__ __forceinline__ float softcap_ex2_factor(float pre) {
   return -2.0f * kSoftcapLog2e * pre;
 }
 
-// Given e = exp(-2|y|) and num = (1 - e) out: out * tanh(y), with the sign
-// of x (the sign of y). The reciprocal's last Newton step is fused with the
-// multiplication by num.
-__device__ __forceinline__ float softcap_tanh_from_e(float x, float e, float num) {
+// out * tanh(x * pre), given k = softcap_ex2_factor(pre). kScaled: out
+// rides on the numerator, (1 - e) out, an FMA instead of the add (false:
+// the plain tanh, out unused).
+template <bool kScaled>
+__device__ __forceinline__ float softcap_tanh_1mufu(float x, float k, float out = 1.0f) {
+  const float e = flash::fast_exp2(fabsf(x) * k);  // exp(-2|y|); 0 for |y| large or inf
   const float den = 1.0f + e;
   float r = fmaf(fmaf(e, kRecipC2, kRecipC1), e, kRecipC0);
   r = fmaf(r, fmaf(-den, r, 1.0f), r);
-  const float q = num * r;
+  const float q = (kScaled ? fmaf(-e, out, out) : 1.0f - e) * r;
   const float t = fmaf(q, fmaf(-den, r, 1.0f), q);  // out * tanh(|y|)
   return copysignf(t, x);
-}
-
-// tanh(x * pre), given k = softcap_ex2_factor(pre).
-__device__ __forceinline__ float softcap_tanh_1mufu(float x, float k) {
-  const float e = flash::fast_exp2(fabsf(x) * k);  // exp(-2|y|); 0 for |y| large or inf
-  return softcap_tanh_from_e(x, e, 1.0f - e);
-}
-
-// out * tanh(x * pre): the factor out rides on the numerator (one FMA
-// instead of the add 1 - e).
-__device__ __forceinline__ float softcap_scaled_tanh_1mufu(float x, float k, float out) {
-  const float e = flash::fast_exp2(fabsf(x) * k);
-  return softcap_tanh_from_e(x, e, fmaf(-e, out, out));
 }
 
 // v = tanh(s * pre) on every element (ScoreArgs: the capped logit is cap * v),
@@ -74,11 +63,11 @@ __device__ __forceinline__ void apply_softcap_1mufu(float (&acc)[kMT][kNT][4], f
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = softcap_tanh_1mufu(acc[mt][nt][e], k);
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = softcap_tanh_1mufu<false>(acc[mt][nt][e], k);
 }
 
 // The exponents v * mult (v = tanh(s * pre)) on every element, for the
-// no-offset softmax (score_mode.hpp), at the cost of the plain tanh.
+// no-offset softmax (flash/score_mode.hpp), at the cost of the plain tanh.
 template <int kMT, int kNT>
 __device__ __forceinline__ void softcap_exponents_1mufu(float (&acc)[kMT][kNT][4], float pre,
                                                         float mult) {
@@ -89,34 +78,7 @@ __device__ __forceinline__ void softcap_exponents_1mufu(float (&acc)[kMT][kNT][4
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        acc[mt][nt][e] = softcap_scaled_tanh_1mufu(acc[mt][nt][e], k, mult);
-}
-
-// The same exponents with cuda-flash's two-MUFU form: out * tanh(y) = out - 2 out / (1 + e^(2y)),
-// five instructions (mul, ex2, add, rcp, fma) against the one-MUFU form's twelve (with the
-// softmax's ex2 three MUFU ops per score instead of two). Measured on the
-// H200 (docs/hopper.md): without the row maximum the d128 and d256 loops are
-// bound by their instruction stream, not by the MUFU pipe (d64's is, see
-// ForwardTile::kSoftcapExponentsOnMufu). e^(2y) overflowing to +inf
-// gives rcp 0, i.e. +out; absolute error of tanh about 2e-7 (cuda-flash's
-// softcap_tanh).
-template <int kMT, int kNT>
-__device__ __forceinline__ void softcap_exponents_2mufu(float (&acc)[kMT][kNT][4], float pre,
-                                                        float mult) {
-  const float k = 2.0f * kSoftcapLog2e * pre;  // x -> 2 y log2 e
-  const float minus_two_mult = -2.0f * mult;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float r;
-        asm("rcp.approx.ftz.f32 %0, %1;"
-            : "=f"(r)
-            : "f"(1.0f + flash::fast_exp2(acc[mt][nt][e] * k)));
-        acc[mt][nt][e] = fmaf(r, minus_two_mult, mult);
-      }
+        acc[mt][nt][e] = softcap_tanh_1mufu<true>(acc[mt][nt][e], k, mult);
 }
 
 }  // namespace gqattn::hopper

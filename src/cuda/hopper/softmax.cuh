@@ -5,8 +5,9 @@
 // still be accumulating), rescale_o() applies them once that wgmma has
 // completed. Same arithmetic, in the same order, as OnlineSoftmax::update;
 // finalize() is OnlineSoftmax's. Checked against the f64 oracle by
-// tests/gpu/test_hopper_forward.cpp. exponents_to_p_unshifted() is the
-// no-offset softmax of ScoreMode::softcap_without_row_max (score_mode.hpp).
+// tests/gpu/test_hopper_forward.cpp. ScoreMode::softcap_without_row_max
+// (flash/score_mode.hpp) uses OnlineSoftmax's start_unshifted() and
+// update_unshifted() as they are.
 //
 // Invariants (OnlineSoftmax's): a row whose every score so far was masked
 // has max -inf and offset 0, so its p are 0, its sum stays 0 and finalize
@@ -46,36 +47,6 @@ __device__ __forceinline__ void scores_to_p(RowSoftmax& sm, float (&s)[1][kNT][4
       for (int e = 2 * half; e < 2 * half + 2; ++e) {
         const float p = flash::fast_exp2(fmaf(s[0][nt][e], sm.mult, -offset));
         s[0][nt][e] = p;
-        sum += p;
-      }
-    sm.row_sum[half] = sum;
-  }
-}
-
-// ScoreMode::softcap_without_row_max: the row maximum stays 0 for good, so
-// finalize() gives lse = log(sum) (and -inf, o = 0 for a row with no kept
-// key, whose sum stays 0).
-__device__ __forceinline__ RowSoftmax unshifted_softmax(float mult) {
-  RowSoftmax sm(mult);
-#pragma unroll
-  for (int half = 0; half < kSoftmaxRows; ++half) sm.row_max[half] = 0.0f;
-  return sm;
-}
-
-// x: this tile's exponents v mult (|x| <= kMaxUnshiftedExponent, masked
-// ones -inf), replaced by p = 2^x; no maximum, no rescale factor: O is
-// never rescaled in this mode.
-template <int kNT>
-__device__ __forceinline__ void exponents_to_p_unshifted(RowSoftmax& sm, float (&x)[1][kNT][4]) {
-#pragma unroll
-  for (int half = 0; half < kSoftmaxRows; ++half) {
-    float sum = sm.row_sum[half];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-        const float p = flash::fast_exp2(x[0][nt][e]);
-        x[0][nt][e] = p;
         sum += p;
       }
     sm.row_sum[half] = sum;

@@ -1,15 +1,16 @@
-// cuda-hopper: how the forward turns a tile of scores into P, chosen per
-// problem on the host (launch_forward.cuh) and a template parameter of the
-// kernel. Plain C++ so the launcher can decide; checked on the CPU by
-// tests/cpu/test_hopper_score_mode.cpp (which problems take which mode) and
-// on the GPU by tests/gpu/test_hopper_forward.cpp (every mode against the
-// f64 oracle).
+// The fused forwards' (cuda-flash's and cuda-hopper's) choice of how a tile
+// of scores becomes P, made per problem on the host (each backend's
+// launch_forward.cuh) and a template parameter of the kernels. Plain C++ so
+// the launchers can decide; checked on the CPU by tests/cpu/test_score_mode.cpp
+// (which problems take which mode) and on the GPU by
+// tests/gpu/test_flash_correctness.cpp and test_hopper_forward.cpp (every
+// mode against the f64 oracle).
 //
 // The online softmax subtracts a running row maximum m from every exponent
 // so that P = 2^(v mult - m mult) <= 1 cannot overflow; it costs, per score,
 // a max and (per row) a quad reduction, and per tile the rescale of O by
 // 2^(m_old mult - m_new mult), and each exponent waits for the row's max.
-// Under softcap the exponent v mult (v = tanh, flash::ScoreArgs) is bounded
+// Under softcap the exponent v mult (v = tanh, ScoreArgs) is bounded
 // a priori: |v mult| <= mult = cap log2 e. So where 2^mult is far inside
 // the range of f32 and of P's element type, P = 2^(v mult) needs no offset
 // at all: no max, no rescale, exponents independent of each other. The
@@ -28,7 +29,7 @@
 
 #include "cuda/flash/params.hpp"
 
-namespace gqattn::hopper {
+namespace gqattn::flash {
 
 enum class ScoreMode {
   plain,                    // no softcap: online softmax with the running row maximum
@@ -43,13 +44,13 @@ constexpr bool kSoftcapWithoutRowMax = true;
 // The largest mult (= cap log2 e) the no-offset mode takes.
 constexpr float kMaxUnshiftedExponent = 48.0f;
 
-inline ScoreMode score_mode(const flash::ScoreArgs& score, flash::ElemType elem) {
+inline ScoreMode score_mode(const ScoreArgs& score, ElemType elem) {
   if (!score.softcap) return ScoreMode::plain;
-  if (kSoftcapWithoutRowMax && elem == flash::ElemType::bf16 && score.mult <= kMaxUnshiftedExponent)
+  if (kSoftcapWithoutRowMax && elem == ElemType::bf16 && score.mult <= kMaxUnshiftedExponent)
     return ScoreMode::softcap_without_row_max;
   return ScoreMode::softcap;
 }
 
 constexpr bool has_softcap(ScoreMode mode) { return mode != ScoreMode::plain; }
 
-}  // namespace gqattn::hopper
+}  // namespace gqattn::flash

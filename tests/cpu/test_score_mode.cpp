@@ -1,20 +1,21 @@
-// cuda-hopper's choice of ScoreMode (src/cuda/hopper/score_mode.hpp, host
-// code, so it is checked here, without a GPU): softcap problems in bf16
-// whose exponent bound cap log2 e is at most kMaxUnshiftedExponent take the
-// softmax without row maximum; f16, larger caps and no softcap keep the
-// running maximum. The kernels of every mode are checked against the f64
-// oracle by tests/gpu/test_hopper_forward.cpp.
+// The fused forwards' choice of ScoreMode (src/cuda/flash/score_mode.hpp,
+// shared by cuda-flash and cuda-hopper; host code, so it is checked here,
+// without a GPU): softcap problems in bf16 whose exponent bound cap log2 e
+// is at most kMaxUnshiftedExponent take the softmax without row maximum;
+// f16, larger caps and no softcap keep the running maximum. The kernels of
+// every mode are checked against the f64 oracle by
+// tests/gpu/test_flash_correctness.cpp and test_hopper_forward.cpp.
 #include <gtest/gtest.h>
 
 #include "cuda/flash/problem_args.hpp"
-#include "cuda/hopper/score_mode.hpp"
+#include "cuda/flash/score_mode.hpp"
 #include "gqattn/types.hpp"
 
 namespace {
 
 using gqattn::flash::ElemType;
-using gqattn::hopper::kMaxUnshiftedExponent;
-using gqattn::hopper::ScoreMode;
+using gqattn::flash::kMaxUnshiftedExponent;
+using gqattn::flash::ScoreMode;
 
 ScoreMode mode_for(float softcap, ElemType elem) {
   gqattn::Problem p;
@@ -24,25 +25,25 @@ ScoreMode mode_for(float softcap, ElemType elem) {
   p.Hkv = 2;
   p.d = 128;
   p.softcap = softcap;
-  return gqattn::hopper::score_mode(gqattn::flash::score_args(p), elem);
+  return gqattn::flash::score_mode(gqattn::flash::score_args(p), elem);
 }
 
 // The largest cap the no-offset mode takes: kMaxUnshiftedExponent / log2 e.
 const float kLargestCap = kMaxUnshiftedExponent / gqattn::flash::kLog2e;
 
-TEST(HopperScoreMode, NoSoftcapIsPlain) {
+TEST(ScoreMode, NoSoftcapIsPlain) {
   EXPECT_EQ(mode_for(0.0f, ElemType::bf16), ScoreMode::plain);
   EXPECT_EQ(mode_for(0.0f, ElemType::f16), ScoreMode::plain);
 }
 
-TEST(HopperScoreMode, Bf16SoftcapWithinTheBoundDropsTheRowMax) {
-  if (!gqattn::hopper::kSoftcapWithoutRowMax) GTEST_SKIP() << "kSoftcapWithoutRowMax is off";
+TEST(ScoreMode, Bf16SoftcapWithinTheBoundDropsTheRowMax) {
+  if (!gqattn::flash::kSoftcapWithoutRowMax) GTEST_SKIP() << "kSoftcapWithoutRowMax is off";
   EXPECT_NEAR(kLargestCap, 33.27f, 0.01f);
   for (float cap : {1e-30f, 1.0f, 20.0f, 30.0f, 33.0f})
     EXPECT_EQ(mode_for(cap, ElemType::bf16), ScoreMode::softcap_without_row_max) << cap;
 }
 
-TEST(HopperScoreMode, LargerCapsAndF16KeepTheRowMax) {
+TEST(ScoreMode, LargerCapsAndF16KeepTheRowMax) {
   for (float cap : {33.5f, 50.0f, 1e30f})
     EXPECT_EQ(mode_for(cap, ElemType::bf16), ScoreMode::softcap) << cap;
   for (float cap : {1.0f, 30.0f, 50.0f})
