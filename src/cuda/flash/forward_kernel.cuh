@@ -93,6 +93,11 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
   cp_async_commit();
 
   float acc_o[kMT][kDT][4] = {};
+  // Without row max, o is normalised by the row sums of the 16-bit P its
+  // numerator used (score_mode.hpp, OnlineSoftmax::finalize_unshifted): P
+  // times ones on the tensor cores, every column of p_sums the row sum.
+  float p_sums[kMT][4] = {};
+  const uint32_t ones = pack2<Elem>(1.0f, 1.0f);
   OnlineSoftmax<kMT> softmax(p.score.mult);
   if constexpr (!kRowMax) softmax.start_unshifted();
 
@@ -142,6 +147,10 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
       uint32_t a[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) acc_to_a<Elem>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+      if constexpr (!kRowMax) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) mma_16816<Elem>(p_sums[mt], a[mt], ones, ones);
+      }
 #pragma unroll
       for (int dp = 0; dp < kDT / 2; ++dp) {
         uint32_t bv[4];
@@ -156,7 +165,10 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
   }
 
   float lse[2 * kMT];
-  softmax.finalize(acc_o, lse);
+  if constexpr (kRowMax)
+    softmax.finalize(acc_o, lse);
+  else
+    softmax.finalize_unshifted(acc_o, lse, p_sums);
   tid = tid_;
   lane = tid_ % kWarpSize;
 

@@ -14,9 +14,9 @@
 // a priori: |v mult| <= mult = cap log2 e. So where 2^mult is far inside
 // the range of f32 and of P's element type, P = 2^(v mult) needs no offset
 // at all: no max, no rescale, exponents independent of each other. The
-// results are the same sums in the same order of the same P up to the power
-// of two 2^(m mult) (bf16 rounds relative to magnitude, so P V and the row
-// sum carry the same relative error); lse = log(sum) (the row maximum is 0).
+// results are the same sums of the same P up to the factor 2^(m mult) (bf16
+// rounds relative to magnitude), except that o is normalised by the sums of
+// the 16-bit P (below); lse = log(sum of the f32 P) (the row maximum is 0).
 //
 // Limits of the no-offset mode (kMaxUnshiftedExponent = 48, cap <= 33.27):
 // - P in [2^-48, 2^48] for every kept score (masked ones are 2^-inf = 0);
@@ -38,13 +38,15 @@ enum class ScoreMode {
 };
 
 // Switch: off, every softcap problem keeps the running row maximum (and the
-// no-offset kernels are not compiled). Off since the H200 tests of
-// 2026-11-30: without the maximum no P is exactly 1, so a row dominated by
-// one key gets o = v (1 + bf16 rounding of its P) instead of exactly v, and
-// D = rowsum(dO o) in the backward inherits it: dq, dk of one-key rows
-// failed the oracle (cuda-hopper T1_softcap30_d256 dq 0.052 vs tolerance
-// 0.0078; cuda-flash T160 causal large logits dq 0.028 vs 0.024).
-constexpr bool kSoftcapWithoutRowMax = false;
+// no-offset kernels are not compiled). Without the maximum no P is exactly
+// 1, so o must be normalised by the row sums of the 16-bit P its numerator
+// used (the kernels form them on the tensor cores: P times ones), not by the
+// f32 sums: the first H200 version did the latter, and one-key rows got o =
+// v (1 + bf16 rounding of their P), which the backward's D = rowsum(dO o)
+// turned into dq, dk errors over the oracle's tolerance (cuda-hopper
+// T1_softcap30_d256 dq 0.052 vs 0.0078; cuda-flash T160 causal large
+// logits dq 0.028 vs 0.024). lse still comes from the f32 sums.
+constexpr bool kSoftcapWithoutRowMax = true;
 
 // The largest mult (= cap log2 e) the no-offset mode takes.
 constexpr float kMaxUnshiftedExponent = 48.0f;

@@ -103,6 +103,32 @@ struct OnlineSoftmax {
       }
   }
 
+  // finalize() of the same mode: o is normalised by weight_sums, the row
+  // sums of the 16-bit P that o's numerator multiplied (an m16n8
+  // accumulator per m16 tile whose every column is the row sum: P times
+  // ones on the tensor cores), so a row with one dominant key gets exactly
+  // that key's v; lse comes from the f32 sums of P as in finalize(). A row
+  // with no kept key has both sums 0: o = 0, lse = -inf.
+  template <int kDT>
+  __device__ __forceinline__ void finalize_unshifted(float (&o)[kMT][kDT][4], float (&lse)[kRows],
+                                                     const float (&weight_sums)[kMT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        const float sum = quad_sum(row_sum[r]);
+        const float weights = weight_sums[mt][2 * half];  // rows g and g + 8 of the C fragment
+        lse[r] = sum > 0.0f ? log2f(sum) * kLn2 : -INFINITY;
+        const float inv = weights > 0.0f ? 1.0f / weights : 0.0f;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[mt][dt][2 * half] *= inv;
+          o[mt][dt][2 * half + 1] *= inv;
+        }
+      }
+  }
+
   // Normalises o by the row sums; returns each row's lse (natural log) in
   // lse[r] (-inf for a row with no kept key, whose o becomes 0).
   template <int kDT>

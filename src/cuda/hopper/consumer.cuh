@@ -184,11 +184,26 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
                                 kk > 0);
     ptx::wgmma_commit();
   };
-  // O += P V; committed as one group.
-  const auto issue_pv = [](float(&o)[1][kD / 8][4], const uint32_t(&pa)[kStepsPV][4], uint32_t v) {
+  // Without row max, o is normalised by the row sums of the 16-bit P its
+  // numerator used, not by the f32 sums of P (those give lse): no P is
+  // exactly 1 in that mode, and a row dominated by one key must still get o
+  // = v of that key exactly (score_mode.hpp). The tensor cores form them as
+  // P times a [kBN x 8] tile of ones (every column of the m64n8 accumulator
+  // is the row sum), in the same commit group as P V.
+  float p_sums[1][1][4];
+  const uint64_t ones_desc =
+      ptx::make_desc_sw128(smem + L::kOnes, kSwizzleAtomBytes, kRowGroupBytes);
+  // O += P V (and the row sums of P); committed as one group.
+  const auto issue_pv = [&p_sums, ones_desc](float(&o)[1][kD / 8][4],
+                                             const uint32_t(&pa)[kStepsPV][4], uint32_t v) {
 #pragma unroll
     for (int kk = 0; kk < kStepsPV; ++kk)
       ptx::Wgmma<kD, Elem>::rs(o[0], pa[kk], v_desc<kBN>(v, kk), 1);
+    if constexpr (!kRowMax) {
+#pragma unroll
+      for (int kk = 0; kk < kStepsPV; ++kk)  // every k-step reads the same ones
+        ptx::Wgmma<8, Elem>::rs(p_sums[0], pa[kk], ones_desc, 1);
+    }
     ptx::wgmma_commit();
   };
   // Softcap (before masking), mask, softmax of visit `it`: S becomes P
@@ -227,6 +242,13 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   for (int i = 0; i < kD / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[0][i][e] = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) p_sums[0][0][e] = 0.0f;
+  // O's accumulators (and the row sums of P, GEMM-written alike).
+  const auto pin_o = [&] {
+    ptx::pin(o[0]);
+    if constexpr (!kRowMax) ptx::pin(p_sums[0]);
+  };
   RowSoftmax softmax(p.score.mult);
   if constexpr (!kRowMax) softmax.start_unshifted();
   float alpha[kSoftmaxRows];
@@ -248,7 +270,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     // fragments.
     const auto finish_step = [&](int it) {
       ptx::wgmma_wait<0>();
-      ptx::pin(o[0]);
+      pin_o();
       ptx::pin(pa);  // the GEMM read pa until here
       if (it > 0) release(smem + L::kVEmpty + bar_off(it - 1));
       if constexpr (kRowMax) rescale_o(o, alpha);
@@ -282,7 +304,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
         ptx::mbar_wait(smem + L::kKFull + bar_off(it), parity(it));
         pp.begin();
         ptx::pin(s[0]);
-        ptx::pin(o[0]);
+        pin_o();
         ptx::pin(pa);
         ptx::wgmma_fence();
         issue_qk(s, k_tile(it));
@@ -300,13 +322,13 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       const int last = tiles - 1;
       ptx::mbar_wait(smem + L::kVFull + bar_off(last), parity(last));
       pp.begin();
-      ptx::pin(o[0]);
+      pin_o();
       ptx::pin(pa);
       ptx::wgmma_fence();
       issue_pv(o, pa, v_tile(last));
       pp.end(/*last_point=*/true);
       ptx::wgmma_wait<0>();
-      ptx::pin(o[0]);
+      pin_o();
       ptx::pin(pa);
       release(smem + L::kVEmpty + bar_off(last));
     } else {
@@ -324,18 +346,21 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       if constexpr (kRowMax) rescale_o(o, alpha);
       to_a(pa, s);
       ptx::mbar_wait(smem + L::kVFull + bar_off(it), parity(it));
-      ptx::pin(o[0]);
+      pin_o();
       ptx::pin(pa);
       ptx::wgmma_fence();
       issue_pv(o, pa, v_tile(it));
       ptx::wgmma_wait<0>();
-      ptx::pin(o[0]);
+      pin_o();
       release(smem + L::kVEmpty + bar_off(it));
     }
     release_q();  // every GEMM of the tile was waited for
   }
 
-  softmax.finalize(o, out.lse);
+  if constexpr (kRowMax)
+    softmax.finalize(o, out.lse);
+  else
+    softmax.finalize_unshifted(o, out.lse, p_sums[0]);
 }
 
 }  // namespace gqattn::hopper

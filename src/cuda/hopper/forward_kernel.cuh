@@ -26,6 +26,7 @@
 #include "cuda/hopper/epilogue.cuh"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/producer.cuh"
+#include "cuda/hopper/ptx/bulk_reduce.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
 #include "cuda/hopper/tile_coord.cuh"
@@ -64,6 +65,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     ptx::mbar_init(smem + L::kQEmpty, kEmptyArrivals);
     ptx::mbar_init_fence();
+  }
+  if constexpr (kScores == ScoreMode::softcap_without_row_max) {
+    // The tile of ones (consumer.cuh's row sums of P), written once; the
+    // fence makes these generic-proxy writes visible to wgmma (async proxy)
+    // after the barrier.
+    constexpr int kWords = int(L::kOnesBytes / sizeof(uint32_t));
+    uint32_t* ones = reinterpret_cast<uint32_t*>(smem_raw + (smem - smem_unaligned) + L::kOnes);
+    for (int i = int(threadIdx.x); i < kWords; i += kThreads)
+      ones[i] = flash::pack2<Elem>(1.0f, 1.0f);
+    ptx::fence_proxy_async_shared();
   }
   __syncthreads();
 

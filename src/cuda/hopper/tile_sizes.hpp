@@ -141,7 +141,8 @@ constexpr bool forward_wide(int d, bool causal, int window, bool softcap) {
 
 // Byte offsets of one CTA's shared memory, from a 1024-byte aligned base:
 // Q, then kStages K slots, then kStages V slots (each slot a whole tile, so
-// every tile starts on a swizzle-atom boundary), then the mbarriers.
+// every tile starts on a swizzle-atom boundary), then the mbarriers, then
+// (atom-aligned) a tile of ones.
 template <class Tile>
 struct SmemLayout {
   static constexpr int kD = Tile::kD;
@@ -161,7 +162,13 @@ struct SmemLayout {
   static constexpr uint32_t kVFull = kKEmpty + Tile::kStages * kBarrierBytes;
   static constexpr uint32_t kVEmpty = kVFull + Tile::kStages * kBarrierBytes;
   static constexpr uint32_t kQEmpty = kVEmpty + Tile::kStages * kBarrierBytes;
-  static constexpr uint32_t kEnd = kQEmpty + kBarrierBytes;
+  // A tile of ones (16-bit 1.0, 16 rows of 128 bytes, two swizzle atoms):
+  // the B operand of P times ones, the row sums of the 16-bit P under
+  // ScoreMode::softcap_without_row_max (consumer.cuh); unused otherwise.
+  static constexpr uint32_t kOnesBytes = 2 * kSwizzleAtomBytes;
+  static constexpr uint32_t kOnes =
+      (kQEmpty + kBarrierBytes + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
+  static constexpr uint32_t kEnd = kOnes + kOnesBytes;
   // Dynamic shared memory is only guaranteed 16-byte aligned: ask for one
   // atom more and round the base up.
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
@@ -182,8 +189,9 @@ template <class Tile>
 constexpr std::size_t forward_smem_bytes() {
   return SmemLayout<Tile>::kAllocBytes;
 }
-// 128 x 128: 160 KB + barriers; 128 x 176: Q 32 KB + 2 x 44 KB K + 2 x 44 KB
-// V = 208 KB + barriers, under the H100/H200 opt-in of 227 KB.
+// 128 x 128: 160 KB + barriers + 2 KB of ones; 128 x 176: Q 32 KB + 2 x 44
+// KB K + 2 x 44 KB V = 208 KB + barriers + ones, under the H100/H200 opt-in
+// of 227 KB.
 static_assert(forward_smem_bytes<ForwardTile<128, true>>() <= 227 * 1024,
               "the wide d128 tile exceeds sm_90's shared memory");
 

@@ -12,7 +12,7 @@ Usage (from the repository root):
 """
 
 SS_N = (64, 128, 176)  # S = Q K^T: N = key tile (kBlockN; 176: the wide d128 tile)
-RS_N = (64, 128, 256)  # O += P V:  N = head dimension
+RS_N = (8, 64, 128, 256)  # O += P V:  N = head dimension; 8: P times a ones tile (row sums)
 SS_MN_N = (32, 64)     # backward dQ = dS K: N = d / 2 (one consumer warpgroup's columns)
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
@@ -72,7 +72,8 @@ def main():
 //   ss: D = A B (+ D when accumulate != 0), A and B from shared memory, both
 //       K-major (imm-trans-a = imm-trans-b = 0): S = Q K^T.
 //   rs: D = A B (+ D when accumulate != 0), A from registers, B from shared memory MN-major
-//       (imm-trans-b = 1): O += P V.
+//       (imm-trans-b = 1): O += P V; at N = 8, P times a tile of ones (the
+//       row sums of the 16-bit P; consumer.cuh, softcap without row max).
 //   ss_mn: D = A B (+ D), both from shared memory, both MN-major
 //       (imm-trans-a = imm-trans-b = 1): the backward's fused dQ = dS K.
 // d[i][e] is the f32 accumulator in the m16n8 C-fragment order of

@@ -3,7 +3,8 @@
 //   ss: D = A B (+ D when accumulate != 0), A and B from shared memory, both
 //       K-major (imm-trans-a = imm-trans-b = 0): S = Q K^T.
 //   rs: D = A B (+ D when accumulate != 0), A from registers, B from shared memory MN-major
-//       (imm-trans-b = 1): O += P V.
+//       (imm-trans-b = 1): O += P V; at N = 8, P times a tile of ones (the
+//       row sums of the 16-bit P; consumer.cuh, softcap without row max).
 //   ss_mn: D = A B (+ D), both from shared memory, both MN-major
 //       (imm-trans-a = imm-trans-b = 1): the backward's fused dQ = dS K.
 // d[i][e] is the f32 accumulator in the m16n8 C-fragment order of
@@ -20,6 +21,20 @@ namespace gqattn::hopper::ptx {
 // Wgmma<N, Elem>: m64nNk16 with f32 accumulators; only the shapes below exist.
 template <int N, typename Elem>
 struct Wgmma;
+
+template <>
+struct Wgmma<8, __nv_bfloat16> {
+  // D(64 x 8) (+)= A(64 x 16, registers) * B(16 x 8, smem, MN-major).
+  __device__ __forceinline__ static void rs(float (&d)[1][4], const uint32_t (&a)[4],
+                                            uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
 
 template <>
 struct Wgmma<32, __nv_bfloat16> {
@@ -223,6 +238,20 @@ struct Wgmma<256, __nv_bfloat16> {
           "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]),
           "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]),
           "+f"(d[31][2]), "+f"(d[31][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
+
+template <>
+struct Wgmma<8, __half> {
+  // D(64 x 8) (+)= A(64 x 16, registers) * B(16 x 8, smem, MN-major).
+  __device__ __forceinline__ static void rs(float (&d)[1][4], const uint32_t (&a)[4],
+                                            uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
   }
 };
