@@ -2,8 +2,9 @@
 // producer delivers, S = Q K^T on wgmma (both operands from shared memory),
 // softcap and mask (cuda-flash's policy), online softmax (softmax.cuh, the
 // arithmetic of cuda-flash's; under ScoreMode::softcap_without_row_max the
-// no-offset softmax, with no row maximum and no rescale of O), then O += P V
-// on wgmma with P from registers.
+// no-offset softmax, with no row maximum and no rescale of O, and o divided
+// by the row sums of the 16-bit P, P times ones on wgmma), then O += P V on
+// wgmma with P from registers.
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp.
 //
 // Operand layouts in shared memory (128-byte swizzle, tiles 1024-aligned,
