@@ -68,13 +68,13 @@ std::vector<HopperCase> cases() {
       large_logits(
           make("T120_causal_softcap30_d128_f16", 1, 120, 120, 2, 1, 128, true, 0, 30.0f, f16)),
       make("B5_H6_T65_causal_d128", 5, 65, 65, 6, 3, 128, true),
-      // Softcap score modes (score_mode.hpp): bf16 with cap log2 e <= 48 has
-      // no row maximum (the cap 30 cases above and below, P up to 2^43 with
-      // large logits; cap 33 next to the bound); bf16 with a larger cap and
-      // f16 keep it (cap 40 here, cap 50 at d256, the f16 cases).
-      large_logits(make("T260_causal_softcap33_d128", 1, 260, 260, 4, 2, 128, true, 0, 33.0f)),
+      // Softcap score modes (flash/score_mode.hpp): bf16 with cap log2 e <=
+      // 76 has no row maximum (the cap 20, 30 and 50 bf16 cases, P up to
+      // 2^72 with large logits; cap 52 next to the bound); bf16 with a larger
+      // cap (60 here) and f16 keep it.
+      large_logits(make("T260_causal_softcap52_d128", 1, 260, 260, 4, 2, 128, true, 0, 52.0f)),
       large_logits(
-          make("T300_causal_softcap40_d128_row_max", 1, 300, 300, 4, 2, 128, true, 0, 40.0f)),
+          make("T300_causal_softcap60_d128_row_max", 1, 300, 300, 4, 2, 128, true, 0, 60.0f)),
       make("T300_causal_softcap30_d128_small_logits", 1, 300, 300, 4, 1, 128, true, 0, 30.0f),
       large_logits(make("Tq200_Tk37_causal_softcap20_d128_empty_rows", 1, 200, 37, 2, 1, 128, true,
                         0, 20.0f)),

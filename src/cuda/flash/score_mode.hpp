@@ -18,11 +18,12 @@
 // rounds relative to magnitude), except that o is normalised by the sums of
 // the 16-bit P (below); lse = log(sum of the f32 P) (the row maximum is 0).
 //
-// Limits of the no-offset mode (kMaxUnshiftedExponent = 48, cap <= 33.27):
-// - P in [2^-48, 2^48] for every kept score (masked ones are 2^-inf = 0);
-//   a row's largest P is at least 2^-48 (the offset softmax's is 1), so the
-//   f32 products P v stay normal for |v| >= 2^-78, and the f32 sums of P v
-//   stay finite while (keys x max |v|) < 2^80;
+// Limits of the no-offset mode (kMaxUnshiftedExponent = 76, cap <= 52.68,
+// so Gemma 2's cap 50 is in):
+// - P in [2^-76, 2^76] for every kept score (masked ones are 2^-inf = 0);
+//   a row's largest P is at least 2^-76 (the offset softmax's is 1), so the
+//   f32 products P v stay normal for |v| >= 2^-50, and the f32 sums of P v
+//   stay finite while (keys x max |v|) < 2^52 (4.5e15);
 // - bf16 only: f16's range (2^-24 .. 65504) cannot hold 2^(+-mult) for a
 //   useful cap, so f16 keeps the running maximum.
 #pragma once
@@ -49,7 +50,7 @@ enum class ScoreMode {
 constexpr bool kSoftcapWithoutRowMax = true;
 
 // The largest mult (= cap log2 e) the no-offset mode takes.
-constexpr float kMaxUnshiftedExponent = 48.0f;
+constexpr float kMaxUnshiftedExponent = 76.0f;
 
 inline ScoreMode score_mode(const ScoreArgs& score, ElemType elem) {
   if (!score.softcap) return ScoreMode::plain;
