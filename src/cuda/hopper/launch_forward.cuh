@@ -79,6 +79,8 @@ void launch_forward(const ForwardParams& p, ElemType elem, void* stream) {
     case ScoreMode::softcap_without_row_max:
       if constexpr (flash::kSoftcapWithoutRowMax)
         launch_forward_scores<kD, ScoreMode::softcap_without_row_max>(p, elem, s);
+      else  // score_mode() never picks a switched-off mode
+        throw Error("cuda-hopper forward", "internal: the no-row-max softcap kernels are off");
       break;
   }
 }
