@@ -13,10 +13,11 @@
 //   S = Q K(n)^T;   (softcap; mask if the tile is not fully kept)
 //   wait V(n); barrier (everyone is done with K(n)); issue K(n-1)
 //   online softmax; O += P V(n)
-// O is rescaled by the change of the row max at each step (not at all under
-// ScoreMode::softcap_without_row_max, score_mode.hpp) and divided by the row
-// sum once at the end; the epilogue stages O through shared memory
-// so the global stores are whole 16-byte chunks.
+// O is rescaled by the change of the row max at each step and divided by
+// the row sum once at the end (under ScoreMode::softcap_without_row_max,
+// score_mode.hpp: never rescaled, and divided by the row sums of the 16-bit
+// P, formed by one more mma per k-step against ones); the epilogue stages O
+// through shared memory so the global stores are whole 16-byte chunks.
 #pragma once
 
 #include <cstdint>
