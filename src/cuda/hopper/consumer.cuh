@@ -216,7 +216,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       if constexpr (Tile::kTwoMufuSoftcapExponents)
         flash::softcap_exponents(s, p.score.pre, sm.mult);
       else
-        softcap_exponents_1mufu(s, p.score.pre, sm.mult);
+        apply_softcap_1mufu</*kScaled=*/true>(s, p.score.pre, sm.mult);
     } else if constexpr (kSoftcap) {
       if constexpr (kFastSoftcap && Tile::kFastSoftcapAllowed)
         apply_softcap_1mufu(s, p.score.pre);

@@ -6,7 +6,7 @@
 //   ops per score, and the MUFU pipe (16 results per clock per SM) bounded
 //   that softcapped forward. Here the reciprocal is computed on the FMA pipe.
 // - softcap_without_row_max: the exponents v mult directly, in the same
-//   one-MUFU form (softcap_exponents_1mufu) or in cuda-flash's two-MUFU form
+//   one-MUFU form (apply_softcap_1mufu<true>) or in cuda-flash's two-MUFU form
 //   (flash::softcap_exponents), per ForwardTile::kTwoMufuSoftcapExponents.
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp
 // (softcap cases) and, on the host, against std::tanh over |y| <= 30 for
@@ -53,24 +53,13 @@ __device__ __forceinline__ float softcap_tanh_1mufu(float x, float k, float out 
   return copysignf(t, x);
 }
 
-// v = tanh(s * pre) on every element (ScoreArgs: the capped logit is cap * v),
-// the same contract as flash::apply_softcap.
-template <int kMT, int kNT>
-__device__ __forceinline__ void apply_softcap_1mufu(float (&acc)[kMT][kNT][4], float pre) {
-  const float k = softcap_ex2_factor(pre);
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = softcap_tanh_1mufu<false>(acc[mt][nt][e], k);
-}
-
-// The exponents v * mult (v = tanh(s * pre)) on every element, for the
-// no-offset softmax (flash/score_mode.hpp), at the cost of the plain tanh.
-template <int kMT, int kNT>
-__device__ __forceinline__ void softcap_exponents_1mufu(float (&acc)[kMT][kNT][4], float pre,
-                                                        float mult) {
+// acc = out * tanh(acc * pre) on every element. kScaled false: v = tanh
+// (ScoreArgs: the capped logit is cap * v), flash::apply_softcap's contract;
+// true with out = mult: the exponents v * mult of the no-offset softmax
+// (flash/score_mode.hpp), at the cost of the plain tanh.
+template <bool kScaled = false, int kMT, int kNT>
+__device__ __forceinline__ void apply_softcap_1mufu(float (&acc)[kMT][kNT][4], float pre,
+                                                    float out = 1.0f) {
   const float k = softcap_ex2_factor(pre);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
@@ -78,7 +67,7 @@ __device__ __forceinline__ void softcap_exponents_1mufu(float (&acc)[kMT][kNT][4
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        acc[mt][nt][e] = softcap_tanh_1mufu<true>(acc[mt][nt][e], k, mult);
+        acc[mt][nt][e] = softcap_tanh_1mufu<kScaled>(acc[mt][nt][e], k, out);
 }
 
 }  // namespace gqattn::hopper
