@@ -49,20 +49,23 @@ constexpr uint32_t kFullArrivals = 1;
 
 // K-step kk of a K-major operand whose column blocks hold kBlockRows rows;
 // `base` is the operand's first row (a tile, or a warpgroup's slice of it).
+// (kk a constant after unrolling: one descriptor per operand, the k-steps
+// by adds, as the forward's consumer.cuh.)
 template <int kBlockRows>
 __device__ __forceinline__ uint64_t k_major(uint32_t base, int kk) {
-  const uint32_t addr = base +
-                        uint32_t(kk) / kStepsPerColBlock * (uint32_t(kBlockRows) * kSwizzleBytes) +
-                        uint32_t(kk) % kStepsPerColBlock * kKStepBytes;
-  return ptx::make_desc_sw128(addr, kUnusedLbo, kRowGroupBytes);
+  const uint32_t offset =
+      uint32_t(kk) / kStepsPerColBlock * (uint32_t(kBlockRows) * kSwizzleBytes) +
+      uint32_t(kk) % kStepsPerColBlock * kKStepBytes;
+  return ptx::desc_advance(ptx::make_desc_sw128(base, kUnusedLbo, kRowGroupBytes), offset);
 }
 
 // K-step kk (rows 16 kk .. 16 kk + 15) of an MN-major operand: a tile of
 // kBlockRows rows whose N runs along d.
 template <int kBlockRows>
 __device__ __forceinline__ uint64_t mn_major(uint32_t tile, int kk) {
-  return ptx::make_desc_sw128(tile + uint32_t(kk) * kRowStepBytes,
-                              uint32_t(kBlockRows) * kSwizzleBytes, kRowGroupBytes);
+  return ptx::desc_advance(
+      ptx::make_desc_sw128(tile, uint32_t(kBlockRows) * kSwizzleBytes, kRowGroupBytes),
+      uint32_t(kk) * kRowStepBytes);
 }
 
 // Copies rows [row0, row0 + kRows) of (head, batch) of `map` (boxes of

@@ -61,20 +61,21 @@ constexpr uint32_t kRowGroupBytes = kSwizzleAtomBytes;       // SBO: 8 rows x 12
 constexpr uint32_t kUnusedLbo = 16;                          // K-major swizzled: ignored
 constexpr uint32_t kVStepBytes = kWgmmaK * kSwizzleBytes;    // 16 key rows of V
 
-// Descriptor of k-step kk of a K-major [rows x kD] tile at `tile`.
+// Descriptor of k-step kk of a K-major [rows x kD] tile at `tile` (kk a
+// constant after unrolling: one descriptor per tile, the steps by adds).
 template <int kRows>
 __device__ __forceinline__ uint64_t k_major_desc(uint32_t tile, int kk) {
-  const uint32_t addr = tile +
-                        uint32_t(kk) / kStepsPerColBlock * (uint32_t(kRows) * kSwizzleBytes) +
-                        uint32_t(kk) % kStepsPerColBlock * kKStepBytes;
-  return ptx::make_desc_sw128(addr, kUnusedLbo, kRowGroupBytes);
+  const uint32_t offset = uint32_t(kk) / kStepsPerColBlock * (uint32_t(kRows) * kSwizzleBytes) +
+                          uint32_t(kk) % kStepsPerColBlock * kKStepBytes;
+  return ptx::desc_advance(ptx::make_desc_sw128(tile, kUnusedLbo, kRowGroupBytes), offset);
 }
 
 // Descriptor of k-step kk (keys 16 kk..16 kk + 15) of the MN-major V tile.
 template <int kBN>
 __device__ __forceinline__ uint64_t v_desc(uint32_t tile, int kk) {
-  return ptx::make_desc_sw128(tile + uint32_t(kk) * kVStepBytes, uint32_t(kBN) * kSwizzleBytes,
-                              kRowGroupBytes);
+  return ptx::desc_advance(
+      ptx::make_desc_sw128(tile, uint32_t(kBN) * kSwizzleBytes, kRowGroupBytes),
+      uint32_t(kk) * kVStepBytes);
 }
 
 // The result of a consumer warpgroup: its O rows (normalised) and their lse.

@@ -71,4 +71,13 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t smem_addr, uint32_t
          kDescSwizzle128B << kDescSwizzleBit;
 }
 
+// The descriptor of the tile `bytes` (a multiple of 16) past the one `desc`
+// describes, by one add: the start address is the low field, and shared
+// memory addresses (< 2^18, so the field stays below 2^14) never carry out
+// of it. Lets a GEMM's k-steps share one make_desc_sw128 instead of
+// rebuilding every descriptor from its address.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> kDescFieldShift);
+}
+
 }  // namespace gqattn::hopper::ptx
