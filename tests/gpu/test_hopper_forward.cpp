@@ -131,10 +131,9 @@ std::vector<HopperCase> cases() {
                         128, false, 0, 30.0f)),
       make("B3_H16_Tq260_Tk530_d128_wide_many_tiles_f16", 3, 260, 530, 16, 4, 128, false, 0, 0.0f,
            f16),
-      // The same across the tile boundaries that kOverlapTileBoundary
-      // merges (d64 and d128 narrow tiles: a tile's last P V with the next
-      // tile's first S): each score mode, tiles of one key tile, and tiles
-      // without keys at the end of a CTA's list; d256 does not merge.
+      // More of the same: the softcap modes with and without row maximum,
+      // work tiles of one key tile each, and tiles without keys at the end
+      // of a CTA's list (d128 and d256).
       large_logits(make("B2_H24_Tq500_Tk300_causal_softcap30_d128_many_tiles_empty_rows", 2, 500,
                         300, 24, 8, 128, true, 0, 30.0f)),
       large_logits(make("B3_H16_T400_causal_softcap30_d64_many_tiles", 3, 400, 400, 16, 4, 64, true,
