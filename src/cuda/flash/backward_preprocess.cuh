@@ -2,7 +2,9 @@
 // it writes the two per-row terms the dK/dV and dQ kernels read, into a
 // workspace [B*H, tq_padded] of f32 (BackwardParams):
 //   dsum[i] = D_i = sum_d do_i * o_i   (FlashAttention-2's rowsum(dO o O))
-//   lse2[i] = lse_i * log2(e), or +inf when lse_i = -inf (no kept key)
+//   lse2[i] = lse_i * log2(e) - lse2_shift, or +inf when lse_i = -inf (no
+//             kept key); lse2_shift is 0 but for cuda-hopper's softcap
+//             backward (params.hpp)
 // and, for the padding rows i >= Tq, dsum = 0 and lse2 = +inf, so every P of
 // those rows is exactly 0 and whole query tiles load without bounds checks.
 // Checked through the backward tests (tests/gpu/test_flash_*.cpp).
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
     float lse2 = INFINITY;
     if (valid) {
       const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i];
-      if (lse != -INFINITY) lse2 = lse * kLog2e;
+      if (lse != -INFINITY) lse2 = lse * kLog2e - p.lse2_shift;
     }
     p.dsum[row_global] = valid ? acc : 0.0f;
     p.lse2[row_global] = lse2;

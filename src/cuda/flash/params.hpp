@@ -72,6 +72,11 @@ struct BackwardParams {
   float* lse2 = nullptr;
   float* dsum = nullptr;
   int tq_padded = 0;
+  // Subtracted from every finite lse2 by the preprocessing kernel. 0 for
+  // cuda-flash; cuda-hopper's softcap backward stores lse2 - mult, so that
+  // its P = 2^(mult (1 - 2r) - lse2) is one FMA of r (hopper/
+  // backward_common.cuh, p_and_ds_factor).
+  float lse2_shift = 0.0f;
   // Fused dQ (DqStrategy::kOrdered or kAtomic in tile_sizes.hpp) when
   // dq_accum is non-null: dq_accum [B*H, tq_padded, d] f32. Ordered when
   // dq_counters is non-null too: dq_counters [B*H, tq_padded /

@@ -131,22 +131,22 @@ __device__ __forceinline__ int stat_index(int nt, int e, int lane) {
   return kRowsAreKeys ? nt * flash::kMmaN + flash::frag_col(lane) + (e & 1) : e / 2;
 }
 
-// s <- P = 2^(s * mult - lse2) with masked elements 0 (s already holds
-// tanh(S * pre) where softcapped). The warpgroup's tile is rows [wg_row0,
-// wg_row0 + kWgmmaM) (this warp's from warp_row0) by columns [col0, col0 +
-// 8 kNT); the mask is applied only when some element of it is not kept.
-// Queries past Tq have lse2 = +inf: P = 0.
+// s <- P = 2^(s * mult - lse2) with masked elements 0; `mult` is
+// ScoreArgs::mult, or under softcap, where s holds r (p_and_ds_factor) and
+// the workspace lse2 - mult, -2 mult. The warpgroup's tile is rows
+// [wg_row0, wg_row0 + kWgmmaM) (this warp's from warp_row0) by columns
+// [col0, col0 + 8 kNT); the mask is applied only when some element of it is
+// not kept. Queries past Tq have lse2 = +inf: P = 0.
 template <bool kRowsAreKeys, int kNT>
-__device__ __forceinline__ void p_from_scores(float (&s)[1][kNT][4], const float* lse2,
-                                              const flash::ScoreArgs& score,
+__device__ __forceinline__ void p_from_scores(float (&s)[1][kNT][4], const float* lse2, float mult,
                                               const flash::MaskPolicy& mask, int wg_row0,
                                               int warp_row0, int col0, int lane) {
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      s[0][nt][e] = flash::fast_exp2(
-          fmaf(s[0][nt][e], score.mult, -lse2[stat_index<kRowsAreKeys>(nt, e, lane)]));
+      s[0][nt][e] =
+          flash::fast_exp2(fmaf(s[0][nt][e], mult, -lse2[stat_index<kRowsAreKeys>(nt, e, lane)]));
   constexpr int kCols = kNT * flash::kMmaN;
   const bool kept = kRowsAreKeys ? mask.fully_kept(col0, kCols, wg_row0, kWgmmaM)
                                  : mask.fully_kept(wg_row0, kWgmmaM, col0, kCols);
@@ -162,25 +162,36 @@ __device__ __forceinline__ void dp_minus_d(float (&dp)[1][kNT][4], const float* 
     for (int e = 0; e < 4; ++e) dp[0][nt][e] -= dsum[stat_index<kRowsAreKeys>(nt, e, lane)];
 }
 
-// Given s = S and dp = dP - D of one step: s <- P = 2^(v * mult - lse2),
-// masked elements 0, and under softcap dp <- dp (1 - v^2) (v = tanh(S *
-// pre), before masking; else v = S and dp is left alone). Then dS = s o dp.
+// Given s = S and dp = dP - D of one step: s <- P, masked elements 0, and
+// dp <- the factor of P in dS = s o dp. Without softcap P = 2^(S mult -
+// lse2) and dp is left alone. Under softcap v = tanh(S pre) = 1 - 2r with
+// r = 1 / (e^(2 S pre) + 1), so (before masking)
+//   P = 2^(v mult - lse2) = 2^(-2 mult r + (mult - lse2)): one FMA of r,
+//       the workspace holding lse2 - mult (softcap_backward_terms);
+//   1 - v^2 = 4 r (1 - r): dp <- dp (r - r^2), i.e. dS / 4, which dK and
+//       dQ take back with BackwardParams::dkdq_scale.
+// That is 3 instructions per score fewer than forming v and 1 - v^2.
+// e^(2 S pre) = +inf gives r = 0 (v = 1), 0 gives r = 1 (v = -1).
 template <bool kRowsAreKeys, bool kSoftcap, int kNT>
 __device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&dp)[1][kNT][4],
                                                 const float* lse2, const flash::ScoreArgs& score,
                                                 const flash::MaskPolicy& mask, int wg_row0,
                                                 int warp_row0, int col0, int lane) {
   if constexpr (kSoftcap) {
+    constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
+    const float k = kTwoLog2e * score.pre;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float v = flash::softcap_tanh(s[0][nt][e] * score.pre);
-        dp[0][nt][e] *= 1.0f - v * v;
-        s[0][nt][e] = v;
+        const float r = __fdividef(1.0f, flash::fast_exp2(s[0][nt][e] * k) + 1.0f);
+        dp[0][nt][e] *= fmaf(-r, r, r);
+        s[0][nt][e] = r;
       }
+    p_from_scores<kRowsAreKeys>(s, lse2, -2.0f * score.mult, mask, wg_row0, warp_row0, col0, lane);
+  } else {
+    p_from_scores<kRowsAreKeys>(s, lse2, score.mult, mask, wg_row0, warp_row0, col0, lane);
   }
-  p_from_scores<kRowsAreKeys>(s, lse2, score, mask, wg_row0, warp_row0, col0, lane);
 }
 
 // Both kernels, after a step's S and dP wgmma groups have been committed
@@ -204,7 +215,7 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
     // The S group has completed; dP (not read here) may still run.
     ptx::wgmma_wait<1>();
     ptx::pin(s[0]);
-    p_from_scores<kRowsAreKeys>(s, lse2, score, mask, wg_row0, warp_row0, col0, lane);
+    p_from_scores<kRowsAreKeys>(s, lse2, score.mult, mask, wg_row0, warp_row0, col0, lane);
     ptx::wgmma_wait<0>();
     ptx::pin(dp[0]);
     dp_minus_d<kRowsAreKeys>(dp, dsum, lane);

@@ -295,8 +295,8 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
           }
           send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, pa, dsa);
         } else {
-          p_from_scores</*kRowsAreKeys=*/true>(s, lse2, p.c.score, mask, wg_key0, warp_key0, m0,
-                                               lane);
+          p_from_scores</*kRowsAreKeys=*/true>(s, lse2, p.c.score.mult, mask, wg_key0, warp_key0,
+                                               m0, lane);
           exchange_with_other_warpgroup(smem + L::kXchg, wg, t, w.steps, s, dp);
         }
       } else {
@@ -412,7 +412,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head + col0;
   Elem* dv_out =
       static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head + col0;
-  store_rows<kDW, Elem>(dk_out, c.dk_stride.row, warp_key0, mask.tk, dk, c.score.scale);
+  store_rows<kDW, Elem>(dk_out, c.dk_stride.row, warp_key0, mask.tk, dk, p.dkdq_scale);
   store_rows<kDW, Elem>(dv_out, c.dv_stride.row, warp_key0, mask.tk, dv, 1.0f);
 }
 

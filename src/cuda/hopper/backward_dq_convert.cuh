@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kDqConvertThreads)
   }
   __syncthreads();
 
-  const float scale = c.score.scale;
+  const float scale = p.dkdq_scale;
 #pragma unroll
   for (int k = 0; k < kBM * kPairsPerRow / kDqConvertThreads; ++k) {
     const int o = k * kDqConvertThreads + tid;

@@ -190,7 +190,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
           for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
           send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
         } else {
-          p_from_scores</*kRowsAreKeys=*/false>(s, lse2, c.score, mask, wg_row0, warp_row0, n0,
+          p_from_scores</*kRowsAreKeys=*/false>(s, lse2, c.score.mult, mask, wg_row0, warp_row0, n0,
                                                 lane);
           exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, s, dp);
         }
@@ -249,7 +249,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
 
   const int col0 = kSplit ? wg * kDW : 0;
   Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head + col0;
-  store_rows<kDW, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, c.score.scale);
+  store_rows<kDW, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, p.dkdq_scale);
 }
 
 template <int kD, typename Elem, bool kSoftcap>

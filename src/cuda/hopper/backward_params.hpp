@@ -51,7 +51,20 @@ struct BackwardParams {
   // the order of the adds.
   float* dq_accum = nullptr;
   int* dq_semaphores = nullptr;
+  // What dK and dQ are multiplied by at the end: the softmax scale, times 4
+  // under softcap, where the kernels form dS / 4 (backward_common.cuh,
+  // p_and_ds_factor). Set with c.lse2_shift by softcap_backward_terms().
+  float dkdq_scale = 0.0f;
 };
+
+// The softcap-dependent terms of `p` from p.c.score: under softcap the
+// workspace holds lse2 - mult and dS / 4 is formed (p_and_ds_factor), so
+// dK and dQ are scaled by 4 x scale; otherwise lse2 and dS as they are.
+inline void softcap_backward_terms(BackwardParams& p) {
+  constexpr float kDsQuarter = 4.0f;  // dS = 4 x what p_and_ds_factor forms
+  p.c.lse2_shift = p.c.score.softcap ? p.c.score.mult : 0.0f;
+  p.dkdq_scale = p.c.score.softcap ? kDsQuarter * p.c.score.scale : p.c.score.scale;
+}
 
 // Thread layout of both kernels: warpgroup 0 is the producer (one thread
 // issues every copy), warpgroups 1 and 2 the consumers, each owning the 64

@@ -210,6 +210,7 @@ class CudaHopperBackend final : public BackendImpl {
     p.v_map = hopper::make_tile_map(a.v, hopper::bwd::kBoxRows, "v");
     p.do_map = hopper::make_tile_map(a.dout, hopper::bwd::kBoxRows, "do");
     p.c = flash::backward_params(a);
+    hopper::bwd::softcap_backward_terms(p);
     flash::BackwardParams& c = p.c;
     const int64_t padded = c.tq_padded;
 
