@@ -33,7 +33,7 @@
 // before the next issue; the P fragments stay pinned (live) until the
 // wait_group that retires the P V GEMM reading them; a K or V slot is
 // released (one arrival per consumer warp) only after the GEMM that read it
-// has retired.
+// has retired (in every CTA of the cluster, with K/V multicast).
 #pragma once
 
 #include <cmath>
@@ -45,6 +45,7 @@
 #include "cuda/flash/softmax.cuh"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
+#include "cuda/hopper/ptx/cluster.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
 #include "cuda/hopper/ptx/wgmma_ops.cuh"
@@ -136,7 +137,7 @@ static_assert(ptx::kFirstNamedBarrier + kConsumerWarpgroups <= ptx::kNamedBarrie
 // K/V visits of the CTA's earlier work tiles (this tile's visit `it` is the
 // producer's kv_base + it). Returns after every GEMM has retired and every
 // K, V and Q slot of the tile has been released.
-template <class Tile, typename Elem, ScoreMode kScores>
+template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
 __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord& tile,
                                         const MaskPolicy& mask, uint32_t smem, int wg, int t,
                                         int kv_base, PingPong& pp, ConsumerResult<Tile::kD>& out) {
@@ -176,6 +177,20 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   const auto release = [lane](uint32_t bar) {
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(bar);
+  };
+  // A K or V slot: in a cluster (K/V multicast) every CTA's producer writes
+  // into it, so the release goes to the slot's empty barrier in every CTA.
+  const auto release_kv = [lane](uint32_t bar) {
+    __syncwarp();
+    if (lane == 0) {
+      if constexpr (kCluster == 1) {
+        ptx::mbar_arrive(bar);
+      } else {
+#pragma unroll
+        for (uint32_t r = 0; r < uint32_t(kCluster); ++r)
+          ptx::mbar_arrive_cluster(ptx::map_shared_rank(bar, r));
+      }
+    }
   };
 
   // S = Q K^T (the first k-step overwrites S); committed as one group.
@@ -274,7 +289,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::wgmma_wait<0>();
       pin_o();
       ptx::pin(pa);  // the GEMM read pa until here
-      if (it > 0) release(smem + L::kVEmpty + bar_off(it - 1));
+      if (it > 0) release_kv(smem + L::kVEmpty + bar_off(it - 1));
       if constexpr (kRowMax) rescale_o(o, alpha);
       to_a(pa, s);
     };
@@ -287,7 +302,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       pp.end(/*last_point=*/false);
       ptx::wgmma_wait<0>();
       ptx::pin(s[0]);
-      release(smem + L::kKEmpty + bar_off(0));
+      release_kv(smem + L::kKEmpty + bar_off(0));
       scores(s, 0, softmax, alpha);  // alpha = 0 (row max was -inf); O is 0
 
       // Issue point it: S(it) and P(it-1) V(it-1) in flight together. The
@@ -314,7 +329,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
         pp.end(false);
         ptx::wgmma_wait<1>();  // S(it) retired; P V may still run
         ptx::pin(s[0]);
-        release(smem + L::kKEmpty + bar_off(it));
+        release_kv(smem + L::kKEmpty + bar_off(it));
         scores(s, it, softmax, alpha);  // overlaps the P V GEMM
       }
       release_q();  // S(tiles - 1) retired: by the loop's wait_group 1 or the prologue's 0
@@ -332,7 +347,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::wgmma_wait<0>();
       pin_o();
       ptx::pin(pa);
-      release(smem + L::kVEmpty + bar_off(last));
+      release_kv(smem + L::kVEmpty + bar_off(last));
     } else {
       release_q();
     }
@@ -343,7 +358,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       issue_qk(s, k_tile(it));
       ptx::wgmma_wait<0>();
       ptx::pin(s[0]);
-      release(smem + L::kKEmpty + bar_off(it));
+      release_kv(smem + L::kKEmpty + bar_off(it));
       scores(s, it, softmax, alpha);
       if constexpr (kRowMax) rescale_o(o, alpha);
       to_a(pa, s);
@@ -354,7 +369,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       issue_pv(o, pa, v_tile(it));
       ptx::wgmma_wait<0>();
       pin_o();
-      release(smem + L::kVEmpty + bar_off(it));
+      release_kv(smem + L::kVEmpty + bar_off(it));
     }
     release_q();  // every GEMM of the tile was waited for
   }

@@ -11,6 +11,13 @@
 //     named barriers 8 and 9 when ping-pong is on), then the epilogue
 //     (epilogue.cuh), per tile; the producer meanwhile loads the next
 //     tile's Q (once both warpgroups released Q) and K/V.
+// kCluster 2 (K/V multicast, tile_sizes.hpp kMulticastKV): the kernel runs
+// in clusters of two CTAs on two query heads of one kv head; each producer
+// copies half of every K/V tile into both CTAs, so the K/V empty barriers
+// count both CTAs' consumer warps, barrier initialisation is made visible
+// cluster-wide before any copy, and no thread leaves before the whole
+// cluster is done (the other CTA may still copy into, or arrive on, this
+// CTA's shared memory until then).
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp.
 //
 // Only the sm_90a compilation pass has a body: wgmma and setmaxnreg exist
@@ -27,6 +34,7 @@
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/producer.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
+#include "cuda/hopper/ptx/cluster.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
 #include "cuda/hopper/tile_coord.cuh"
@@ -42,7 +50,7 @@ namespace gqattn::hopper {
 constexpr uint32_t kEmptyArrivals = kConsumerWarps;
 constexpr uint32_t kFullArrivals = 1;  // the producer's arrive.expect_tx
 
-template <class Tile, typename Elem, ScoreMode kScores>
+template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardParams p) {
 #ifdef GQATTN_HOPPER_DEVICE_CODE
@@ -59,9 +67,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < Tile::kStages; ++s) {
       const uint32_t off = uint32_t(s) * L::kBarrierBytes;
       ptx::mbar_init(smem + L::kKFull + off, kFullArrivals);
-      ptx::mbar_init(smem + L::kKEmpty + off, kEmptyArrivals);
+      ptx::mbar_init(smem + L::kKEmpty + off, kCluster * kEmptyArrivals);
       ptx::mbar_init(smem + L::kVFull + off, kFullArrivals);
-      ptx::mbar_init(smem + L::kVEmpty + off, kEmptyArrivals);
+      ptx::mbar_init(smem + L::kVEmpty + off, kCluster * kEmptyArrivals);
     }
     ptx::mbar_init(smem + L::kQEmpty, kEmptyArrivals);
     ptx::mbar_init_fence();
@@ -76,15 +84,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       ones[i] = flash::pack2<Elem>(1.0f, 1.0f);
     ptx::fence_proxy_async_shared();
   }
-  __syncthreads();
+  if constexpr (kCluster > 1)
+    ptx::cluster_sync();
+  else
+    __syncthreads();
 
   const MaskPolicy mask(p.mask);
-  const TileSchedule schedule{p.num_tiles};
+  const TileSchedule<kCluster> schedule{p.num_tiles};
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) produce<Tile>(p, mask, schedule, smem);
+    if constexpr (kCluster > 1) ptx::cluster_sync();
     return;
   }
   ptx::setmaxnreg_inc<kConsumerRegisters>();
@@ -95,11 +107,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const TileCoord tile =
         tile_coord<Tile::kBlockM, Tile::kBlockN>(p, mask, int(schedule.index(t)));
     ConsumerResult<kD> result;
-    consume<Tile, Elem, kScores>(p, tile, mask, smem, wg, t, kv_base, pp, result);
+    consume<Tile, Elem, kScores, kCluster>(p, tile, mask, smem, wg, t, kv_base, pp, result);
     store_output<kD, Elem>(p, tile, mask.tq, wg, result);
     kv_base += max(0, tile.keys.last - tile.keys.first + 1);
   }
   pp.drain();
+  if constexpr (kCluster > 1) ptx::cluster_sync();
 #else
   (void)p;
   __trap();  // no sm_90a code in this pass: never launched (see why_not)

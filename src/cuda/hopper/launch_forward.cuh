@@ -5,7 +5,9 @@
 // memory, and launches a 1-D grid of CTAs of kThreads: one per work tile
 // (query tile, head, batch), or with kPersistentScheduler min(tiles, SMs)
 // CTAs (one fits per SM: __launch_bounds__(kThreads, 1) and the shared
-// memory) that loop. Instantiated per head dimension by
+// memory) that loop; with K/V multicast (forward_cluster_ctas() 2) the CTAs
+// come in clusters of two, as many as can be resident at once. Instantiated
+// per head dimension by
 // launch_forward_d*.cu; only d128 instantiates a wide tile. The host side
 // (hopper_backend.cpp) built the K/V maps with the same tile's box rows.
 // Checked through tests/gpu/test_hopper_forward.cpp.
@@ -23,23 +25,60 @@
 
 namespace gqattn::hopper {
 
-template <class Tile, typename Elem, ScoreMode kScores>
-void launch_forward_typed(const ForwardParams& params, cudaStream_t stream) {
+template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
+void launch_forward_cluster(const ForwardParams& params, cudaStream_t stream) {
   constexpr int kSmem = int(forward_smem_bytes<Tile>());
   ForwardParams p = params;
-  // why_not refused more than 2^31 - 1 tiles.
+  // why_not refused more than 2^31 - 1 tiles. With clusters H is even, so
+  // the tile count is a multiple of kCluster.
   p.num_tiles = int(forward_blocks(Tile::kD, p.B, p.H, p.mask.tq));
-  int blocks = p.num_tiles;
-  if constexpr (kPersistentScheduler) {
-    constexpr int kCtasPerSm = 1;
-    blocks = std::min(blocks, kCtasPerSm * cuda::current_device_properties().multiprocessors);
-  }
-  if (blocks == 0) return;  // no work tile (B, H or Tq is 0)
-  auto kernel = forward_kernel<Tile, Elem, kScores>;
+  if (p.num_tiles == 0) return;  // no work tile (B, H or Tq is 0)
+  auto kernel = forward_kernel<Tile, Elem, kScores, kCluster>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  kernel<<<blocks, kThreads, kSmem, stream>>>(p);
+  if constexpr (kCluster == 1) {
+    int blocks = p.num_tiles;
+    if constexpr (kPersistentScheduler) {
+      constexpr int kCtasPerSm = 1;
+      blocks = std::min(blocks, kCtasPerSm * cuda::current_device_properties().multiprocessors);
+    }
+    kernel<<<blocks, kThreads, kSmem, stream>>>(p);
+  } else {
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kCluster;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(p.num_tiles));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    if constexpr (kPersistentScheduler) {
+      // As many clusters as fit at once (a cluster's CTAs share a GPC, so
+      // this can be fewer than SMs / kCluster).
+      int clusters = 0;
+      GQATTN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+      if (clusters <= 0)
+        throw Error("cuda-hopper forward", "internal: no cluster of the forward kernel fits");
+      config.gridDim = dim3(unsigned(std::min(p.num_tiles, clusters * kCluster)));
+    }
+    GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  }
   cuda::check_launch("cuda-hopper forward_kernel");
+}
+
+template <class Tile, typename Elem, ScoreMode kScores>
+void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
+  if constexpr (multicast_tile<Tile>()) {
+    if (forward_cluster_ctas<Tile>(p.H, p.Hkv) == kMulticastCtas) {
+      launch_forward_cluster<Tile, Elem, kScores, kMulticastCtas>(p, stream);
+      return;
+    }
+  }
+  launch_forward_cluster<Tile, Elem, kScores, 1>(p, stream);
 }
 
 template <class Tile, ScoreMode kScores>

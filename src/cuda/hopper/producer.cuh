@@ -11,11 +11,17 @@
 // k_full[s]; the same for V. Iteration `it` uses slot it % kStages in phase
 // (it / kStages) & 1, exactly as the consumers count. Q has one slot with
 // q_full / q_empty (the persistent scheduler's tiles reuse it).
+// In a cluster of kCluster CTAs (K/V multicast, tile_sizes.hpp) each CTA's
+// producer copies its share of every K/V tile's column blocks into all the
+// cluster's CTAs; a slot's empty barrier then counts the consumer warps of
+// every CTA (the copy writes into all of them) and its full barrier still
+// expects the whole tile, half of which arrives from the other CTA.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/hopper/params.hpp"
+#include "cuda/hopper/ptx/cluster.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/tile_coord.cuh"
@@ -34,14 +40,35 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
     ptx::tma_load_4d(dst + c * kBlockBytes, map, bar, c * kColBlock, head, row0, batch);
 }
 
+// Copies this CTA's share of the K or V tile of `map` at (row0, head, batch)
+// into every CTA of the cluster: column blocks [rank n, rank n + n), n =
+// kD / 64 / kCluster (kCluster 1: the whole tile, load_tile).
+template <int kD, int kRows, int kCluster>
+__device__ __forceinline__ void load_kv_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                             int row0, int head, int batch, uint32_t rank) {
+  if constexpr (kCluster == 1) {
+    load_tile<kD, kRows>(dst, map, bar, row0, head, batch);
+  } else {
+    constexpr uint32_t kBlockBytes = uint32_t(kRows) * kSwizzleBytes;
+    constexpr int kShare = kD / kColBlock / kCluster;
+    constexpr uint16_t kAllCtas = uint16_t((1u << kCluster) - 1);
+#pragma unroll
+    for (int i = 0; i < kShare; ++i) {
+      const int c = int(rank) * kShare + i;
+      ptx::tma_load_4d_multicast(dst + c * kBlockBytes, map, bar, kAllCtas, c * kColBlock, head,
+                                 row0, batch);
+    }
+  }
+}
+
 // Run by exactly one thread of the CTA: every work tile of the CTA's
 // schedule in order. Visits of K/V are counted across tiles (`it` is never
 // reset), exactly as the consumers count. Q of the CTA's t-th tile is
 // loaded in phase t & 1 of q_full; for t >= 1 only after phase (t - 1) & 1
 // of q_empty, which the consumers complete once no GEMM reads Q any more.
-template <class Tile>
+template <class Tile, int kCluster>
 __device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy& mask,
-                                        const TileSchedule& schedule, uint32_t smem) {
+                                        const TileSchedule<kCluster>& schedule, uint32_t smem) {
   using L = SmemLayout<Tile>;
   constexpr int kD = Tile::kD;
   constexpr int kBN = Tile::kBlockN;
@@ -50,6 +77,7 @@ __device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy
   ptx::tma_prefetch(&p.q_map);
   ptx::tma_prefetch(&p.k_map);
   ptx::tma_prefetch(&p.v_map);
+  const uint32_t rank = kCluster > 1 ? ptx::cluster_ctarank() : 0u;
 
   int it = 0;
   for (int t = 0; schedule.valid(t); ++t) {
@@ -66,13 +94,13 @@ __device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy
 
       ptx::mbar_wait(smem + L::kKEmpty + bar_off, parity ^ 1u);
       ptx::mbar_arrive_expect_tx(smem + L::kKFull + bar_off, L::kKVBytes);
-      load_tile<kD, kBN>(smem + L::kK + stage * L::kKVBytes, &p.k_map, smem + L::kKFull + bar_off,
-                         n0, tile.hk, tile.b);
+      load_kv_tile<kD, kBN, kCluster>(smem + L::kK + stage * L::kKVBytes, &p.k_map,
+                                      smem + L::kKFull + bar_off, n0, tile.hk, tile.b, rank);
 
       ptx::mbar_wait(smem + L::kVEmpty + bar_off, parity ^ 1u);
       ptx::mbar_arrive_expect_tx(smem + L::kVFull + bar_off, L::kKVBytes);
-      load_tile<kD, kBN>(smem + L::kV + stage * L::kKVBytes, &p.v_map, smem + L::kVFull + bar_off,
-                         n0, tile.hk, tile.b);
+      load_kv_tile<kD, kBN, kCluster>(smem + L::kV + stage * L::kKVBytes, &p.v_map,
+                                      smem + L::kVFull + bar_off, n0, tile.hk, tile.b, rank);
     }
   }
 }

@@ -8,7 +8,12 @@
 // the producer and the consumers of a CTA; serpentine rounds cancel the bias
 // a plain stride would give CTA 0 (always the longest tile of a round).
 // With one CTA per tile (kPersistentScheduler off) every CTA gets exactly
-// index blockIdx.x. Checked through tests/gpu/test_hopper_forward.cpp.
+// index blockIdx.x. With clusters of kCluster CTAs (K/V multicast,
+// tile_sizes.hpp) the same is dealt in units of kCluster consecutive
+// indices, one unit per cluster, and the CTA of rank r takes index
+// kCluster unit + r: consecutive indices are consecutive query heads of the
+// same query tile and batch, so a unit's tiles visit the same key tiles.
+// Checked through tests/gpu/test_hopper_forward.cpp.
 #pragma once
 
 #include <cstdint>
@@ -29,13 +34,17 @@ struct TileCoord {
 };
 
 // The work tiles of this CTA, in order: k-th tile index(k) while valid(k).
+// kCluster: CTAs per cluster (1, or 2 with K/V multicast; num_tiles is then
+// a multiple of it, so the CTAs of a cluster agree on valid()).
+template <int kCluster = 1>
 struct TileSchedule {
   int64_t num_tiles;
 
   __device__ __forceinline__ int64_t index(int k) const {
-    const int64_t grid = gridDim.x;
-    const int64_t c = (k & 1) ? grid - 1 - int64_t(blockIdx.x) : int64_t(blockIdx.x);
-    return int64_t(k) * grid + c;
+    const int64_t units = gridDim.x / kCluster;  // clusters in the grid
+    const int64_t cluster = blockIdx.x / kCluster;
+    const int64_t c = (k & 1) ? units - 1 - cluster : cluster;
+    return (int64_t(k) * units + c) * kCluster + blockIdx.x % kCluster;
   }
   // Rounds only grow, so the first invalid k ends the CTA's list.
   __device__ __forceinline__ bool valid(int k) const { return index(k) < num_tiles; }

@@ -77,12 +77,24 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   (2% at T4k, where the last tile is mostly padding); with softcap it
 //   loses 2-5% (the MUFU-bound softmax gains nothing from a longer tile and
 //   the consumer is at 238 of 240 registers), hence off.
+// - kMulticastKV: the two query heads 2j, 2j + 1 of one kv head (groups of
+//   an even number of query heads) work on the same query tile in one
+//   cluster of two CTAs, and each K/V tile is copied from global memory
+//   once for both: each CTA copies half of its column blocks and the TMA
+//   multicasts them into both (multicast_tile(): d128 and d256, whose
+//   column blocks split evenly). Measured before (docs/hopper.md TODO 0):
+//   the K/V traffic from L2 costs the d128/d256 forward 5-12%. Off: every
+//   CTA copies its own K/V, and no cluster kernel is compiled (the kernels
+//   are SASS-identical to those before the switch existed). Off because
+//   on, it passed the 64 forward tests on the H200 but ran 27-38% slower
+//   (docs/hopper.md TODO 0: not yet understood).
 constexpr bool kIntraWarpgroupOverlap = true;
 constexpr bool kPingPong = true;
 constexpr bool kFastSoftcap = true;
 constexpr bool kPersistentScheduler = true;
 constexpr bool kWideNonCausalD128 = true;
 constexpr bool kWideSoftcapD128 = false;
+constexpr bool kMulticastKV = false;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the non-causal
 // variant (only <128, true> exists, used as forward_wide() says).
@@ -137,6 +149,21 @@ constexpr bool has_wide_tile(int d, bool softcap) {
 // shared memory) and the launcher (kernel instance) decide alike.
 constexpr bool forward_wide(int d, bool causal, int window, bool softcap) {
   return has_wide_tile(d, softcap) && !causal && window == 0;
+}
+
+// CTAs per cluster when K/V are multicast (kMulticastKV), and whether a tile
+// can be: its column blocks split evenly between the cluster's CTAs.
+constexpr int kMulticastCtas = 2;
+template <class Tile>
+constexpr bool multicast_tile() {
+  return kMulticastKV && (Tile::kD / kColBlock) % kMulticastCtas == 0;
+}
+// CTAs per cluster for a problem on `Tile` with H query and Hkv kv heads:
+// kMulticastCtas when the tile allows it and every GQA group has an even
+// number of query heads (heads 2j, 2j + 1 share a kv head), else 1.
+template <class Tile>
+constexpr int forward_cluster_ctas(int H, int Hkv) {
+  return multicast_tile<Tile>() && Hkv > 0 && (H / Hkv) % kMulticastCtas == 0 ? kMulticastCtas : 1;
 }
 
 // Byte offsets of one CTA's shared memory, from a 1024-byte aligned base:
