@@ -86,8 +86,9 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   the K/V traffic from L2 costs the d128/d256 forward 5-12%. Off: every
 //   CTA copies its own K/V, and no cluster kernel is compiled (the kernels
 //   are SASS-identical to those before the switch existed). Off because
-//   on, it passed the 64 forward tests on the H200 but ran 27-38% slower
-//   (docs/hopper.md TODO 0: not yet understood).
+//   on, it passed the 64 forward tests on the H200 but ran 27-38% slower;
+//   the likely cause (a GPU-scope memory barrier before every remote
+//   arrival) is fixed but not yet run (docs/hopper.md TODO 0).
 constexpr bool kIntraWarpgroupOverlap = true;
 constexpr bool kPingPong = true;
 constexpr bool kFastSoftcap = true;

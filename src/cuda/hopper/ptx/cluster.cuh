@@ -4,7 +4,8 @@
 // shared-window addresses, as in mbarrier.cuh. Checked by compiling for
 // sm_90a and by tests/gpu/test_hopper_forward.cpp with kMulticastKV on
 // (tile_sizes.hpp; every d128/d256 case with an even GQA group then runs
-// on clusters: 64/64 passed on the H200, 2026-11-30).
+// on clusters: 64/64 passed on the H200, 2026-11-30, with the arrival at
+// .release.cluster; the default-semantics arrival below is not yet run).
 #pragma once
 
 #include <cstdint>
@@ -38,10 +39,14 @@ __device__ __forceinline__ uint32_t map_shared_rank(uint32_t addr, uint32_t rank
 }
 
 // One arrival on the mbarrier at shared::cluster address `bar` (any CTA of
-// the cluster), releasing this thread's prior accesses at cluster scope.
+// the cluster), with the instruction's default semantics (release at CTA
+// scope), as CUTLASS's cluster barriers arrive: what it orders here are
+// reads of a shared-memory slot that completed before it (wgmma.wait_group)
+// against the other CTA's later TMA write into the slot. An explicit
+// .release.cluster compiles to MEMBAR.ALL.CTA + MEMBAR.ALL.GPU before every
+// arrival (ptxas 13.0), four per key tile per consumer warp.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
 }  // namespace gqattn::hopper::ptx
