@@ -44,6 +44,8 @@ struct TileSchedule {
     const int64_t units = gridDim.x / kCluster;  // clusters in the grid
     const int64_t cluster = blockIdx.x / kCluster;
     const int64_t c = (k & 1) ? units - 1 - cluster : cluster;
+    // A 1-D grid of clusters along x: blockIdx.x % kCluster is the rank
+    // (%cluster_ctarank) the producer's share of each K/V tile follows.
     return (int64_t(k) * units + c) * kCluster + blockIdx.x % kCluster;
   }
   // Rounds only grow, so the first invalid k ends the CTA's list.
