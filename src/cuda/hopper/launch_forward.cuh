@@ -25,8 +25,9 @@
 
 namespace gqattn::hopper {
 
+// The grid for clusters of kCluster CTAs (1: plain CTAs) and the launch.
 template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
-void launch_forward_cluster(const ForwardParams& params, cudaStream_t stream) {
+void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
   constexpr int kSmem = int(forward_smem_bytes<Tile>());
   ForwardParams p = params;
   // why_not refused more than 2^31 - 1 tiles. With clusters H is even, so
@@ -74,11 +75,11 @@ template <class Tile, typename Elem, ScoreMode kScores>
 void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
   if constexpr (multicast_tile<Tile>()) {
     if (forward_cluster_ctas<Tile>(p.H, p.Hkv) == kMulticastCtas) {
-      launch_forward_cluster<Tile, Elem, kScores, kMulticastCtas>(p, stream);
+      launch_forward_grid<Tile, Elem, kScores, kMulticastCtas>(p, stream);
       return;
     }
   }
-  launch_forward_cluster<Tile, Elem, kScores, 1>(p, stream);
+  launch_forward_grid<Tile, Elem, kScores, 1>(p, stream);
 }
 
 template <class Tile, ScoreMode kScores>

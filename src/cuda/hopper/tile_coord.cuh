@@ -36,7 +36,7 @@ struct TileCoord {
 // The work tiles of this CTA, in order: k-th tile index(k) while valid(k).
 // kCluster: CTAs per cluster (1, or 2 with K/V multicast; num_tiles is then
 // a multiple of it, so the CTAs of a cluster agree on valid()).
-template <int kCluster = 1>
+template <int kCluster>
 struct TileSchedule {
   int64_t num_tiles;
 
