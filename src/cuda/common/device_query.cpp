@@ -3,12 +3,15 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
 #include "gqattn/attention.hpp"
+#include "gqattn/error.hpp"
 
 namespace gqattn {
 
@@ -96,6 +99,37 @@ const DeviceProperties& current_device_properties() {
     filled[device] = true;
   }
   return cache[device];
+}
+
+int max_active_clusters(const void* kernel, int cluster_ctas, int threads, std::size_t smem_bytes) {
+  using Key = std::tuple<int, const void*, int, int, std::size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int> cache;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const Key key{device, kernel, cluster_ctas, threads, smem_bytes};
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = unsigned(cluster_ctas);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(cluster_ctas));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config),
+        "cudaOccupancyMaxActiveClusters");
+  if (clusters <= 0)
+    throw Error("cuda", "no cluster of " + std::to_string(cluster_ctas) +
+                            " CTAs of the kernel fits on the device");
+  cache.emplace(key, clusters);
+  return clusters;
 }
 
 }  // namespace cuda

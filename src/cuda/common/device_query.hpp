@@ -2,6 +2,7 @@
 // given compute capability, and do these pointers live on it.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "gqattn/types.hpp"
@@ -24,5 +25,12 @@ struct DeviceProperties {
 };
 // Properties of the current device, cached per device.
 const DeviceProperties& current_device_properties();
+
+// How many clusters of cluster_ctas CTAs of `kernel` (threads per CTA,
+// dynamic shared memory bytes) can be resident at once on the current
+// device (cudaOccupancyMaxActiveClusters), cached per device and launch
+// shape: persistent cluster kernels size their grid by it on every launch.
+// Throws gqattn::Error when none fits.
+int max_active_clusters(const void* kernel, int cluster_ctas, int threads, std::size_t smem_bytes);
 
 }  // namespace gqattn::cuda

@@ -60,10 +60,8 @@ void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
     if constexpr (kPersistentScheduler) {
       // As many clusters as fit at once (a cluster's CTAs share a GPC, so
       // this can be fewer than SMs / kCluster).
-      int clusters = 0;
-      GQATTN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-      if (clusters <= 0)
-        throw Error("cuda-hopper forward", "internal: no cluster of the forward kernel fits");
+      const int clusters = cuda::max_active_clusters(reinterpret_cast<const void*>(kernel),
+                                                     kCluster, kThreads, std::size_t(kSmem));
       config.gridDim = dim3(unsigned(std::min(p.num_tiles, clusters * kCluster)));
     }
     GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
@@ -73,8 +71,9 @@ void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
 
 template <class Tile, typename Elem, ScoreMode kScores>
 void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
-  if constexpr (multicast_tile<Tile>()) {
-    if (forward_cluster_ctas<Tile>(p.H, p.Hkv) == kMulticastCtas) {
+  constexpr bool kSoftcap = flash::has_softcap(kScores);
+  if constexpr (multicast_tile<Tile, kSoftcap>()) {
+    if (forward_cluster_ctas<Tile, kSoftcap>(p.H, p.Hkv) == kMulticastCtas) {
       launch_forward_grid<Tile, Elem, kScores, kMulticastCtas>(p, stream);
       return;
     }

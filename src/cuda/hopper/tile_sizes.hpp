@@ -81,24 +81,25 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   an even number of query heads) work on the same query tile in one
 //   cluster of two CTAs, and each K/V tile is copied from global memory
 //   once for both: each CTA copies half of its column blocks and the TMA
-//   multicasts them into both (multicast_tile(): d128 and d256, whose
-//   column blocks split evenly). Measured before (docs/hopper.md TODO 0):
-//   the K/V traffic from L2 costs the d128/d256 forward 5-12%. Off: every
-//   CTA copies its own K/V, and no cluster kernel is compiled (the kernels
-//   are SASS-identical to those before the switch existed). Off because
-//   on, it passed the 64 forward tests on the H200 but ran 27-38% slower;
-//   the likely cause (a GPU-scope memory barrier before every remote
-//   arrival) is fixed but not yet run (docs/hopper.md TODO 0).
+//   multicasts them into both. Only where it was measured to win
+//   (multicast_tile(): tiles with kMulticastAllowed, i.e. d128, and no
+//   softcap). Measured on the H200 (fwd TFLOP/s, multicast / off, one call,
+//   docs/hopper.md): d128 causal T16k 636 / 573, non-causal T4k 631 / 596,
+//   causal T4k 602 / 593; but d256 607 / 630 and d128 cap30 394 / 422 (the
+//   two CTAs of a cluster wait for each other's slowest warp; where K/V
+//   traffic is not what bounds the loop, that coupling only costs). Off:
+//   every CTA copies its own K/V and no cluster kernel is compiled.
 constexpr bool kIntraWarpgroupOverlap = true;
 constexpr bool kPingPong = true;
 constexpr bool kFastSoftcap = true;
 constexpr bool kPersistentScheduler = true;
 constexpr bool kWideNonCausalD128 = true;
 constexpr bool kWideSoftcapD128 = false;
-constexpr bool kMulticastKV = false;
+constexpr bool kMulticastKV = true;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the non-causal
 // variant (only <128, true> exists, used as forward_wide() says).
+// kMulticastAllowed: the tile may take K/V multicast (kMulticastKV).
 // kTwoMufuSoftcapExponents: under ScoreMode::softcap_without_row_max, the
 // exponents in cuda-flash's two-MUFU form (softcap.cuh): fewer
 // instructions, one more MUFU op per score. Measured on the H200 (fwd
@@ -110,6 +111,7 @@ template <>
 struct ForwardTile<64> {
   static constexpr int kD = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPongAllowed = true;
+  static constexpr bool kMulticastAllowed = false;  // one column block: nothing to split
   static constexpr bool kFastSoftcapAllowed = true;
   static constexpr bool kTwoMufuSoftcapExponents = false;
 };
@@ -117,6 +119,7 @@ template <>
 struct ForwardTile<128> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kPingPongAllowed = true;
+  static constexpr bool kMulticastAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
   static constexpr bool kTwoMufuSoftcapExponents = true;
 };
@@ -126,13 +129,15 @@ template <>
 struct ForwardTile<128, true> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 176, kStages = 2;
   static constexpr bool kPingPongAllowed = true;
+  static constexpr bool kMulticastAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
   static constexpr bool kTwoMufuSoftcapExponents = true;
 };
 template <>
 struct ForwardTile<256> {
   static constexpr int kD = 256, kBlockM = 128, kBlockN = 64, kStages = 2;
-  static constexpr bool kPingPongAllowed = false;  // FlashAttention-3: no ping-pong for d256
+  static constexpr bool kPingPongAllowed = false;   // FlashAttention-3: no ping-pong for d256
+  static constexpr bool kMulticastAllowed = false;  // measured slower (kMulticastKV)
   // With O (128 registers) and P in flight during the softmax, the longer
   // tanh spills 9 registers (ptxas 13.0); d256's softmax has half the
   // elements per GEMM FLOP of d128, so the MUFU pipe does not bound it.
@@ -153,18 +158,23 @@ constexpr bool forward_wide(int d, bool causal, int window, bool softcap) {
 }
 
 // CTAs per cluster when K/V are multicast (kMulticastKV), and whether a tile
-// can be: its column blocks split evenly between the cluster's CTAs.
+// under softcap on or off is: the tile allows it and its column blocks split
+// evenly between the cluster's CTAs.
 constexpr int kMulticastCtas = 2;
-template <class Tile>
+template <class Tile, bool kSoftcap>
 constexpr bool multicast_tile() {
-  return kMulticastKV && (Tile::kD / kColBlock) % kMulticastCtas == 0;
+  return kMulticastKV && Tile::kMulticastAllowed && !kSoftcap &&
+         (Tile::kD / kColBlock) % kMulticastCtas == 0;
 }
-// CTAs per cluster for a problem on `Tile` with H query and Hkv kv heads:
-// kMulticastCtas when the tile allows it and every GQA group has an even
-// number of query heads (heads 2j, 2j + 1 share a kv head), else 1.
-template <class Tile>
+// CTAs per cluster for a problem on `Tile` (softcap kSoftcap) with H query
+// and Hkv kv heads: kMulticastCtas when the tile is multicast and every GQA
+// group has an even number of query heads (heads 2j, 2j + 1 share a kv
+// head), else 1.
+template <class Tile, bool kSoftcap>
 constexpr int forward_cluster_ctas(int H, int Hkv) {
-  return multicast_tile<Tile>() && Hkv > 0 && (H / Hkv) % kMulticastCtas == 0 ? kMulticastCtas : 1;
+  return multicast_tile<Tile, kSoftcap>() && Hkv > 0 && (H / Hkv) % kMulticastCtas == 0
+             ? kMulticastCtas
+             : 1;
 }
 
 // Byte offsets of one CTA's shared memory, from a 1024-byte aligned base:
