@@ -9,9 +9,9 @@
 // Non-causal d128 without a window runs on the wide 128 x 176 key tile
 // (tile_sizes.hpp kWideNonCausalD128): its cases have Tk not a multiple of
 // 176 (partially masked last key tile), Tk < 176, Tk a multiple of 176.
-// d128 without softcap and with an even number of query heads per kv head
-// runs in 2-CTA clusters that multicast K/V (tile_sizes.hpp kMulticastKV):
-// among them one-query-tile, many-tile (more work tiles than resident
+// With tile_sizes.hpp's kMulticastKV on (off by default), d128 without
+// softcap and with an even number of query heads per kv head runs in 2-CTA
+// clusters that multicast K/V: among them one-query-tile, many-tile (more work tiles than resident
 // clusters), windowed, wide and padded cases; the MHA cases (H = Hkv) and
 // softcap take the plain-CTA kernel of the same tile.
 // Also: a stride TMA cannot use is refused naming the tensor (the

@@ -100,12 +100,24 @@ struct MaskPolicy {
   }
 };
 
-// tanh(x) = 1 - 2 / (e^{2x} + 1) on the special function unit: absolute
-// error about 1e-7 (the accuracy the logits need; tanh.approx's 2^-11 would
-// not pass the bf16 tolerance with cap 30), exact +-1 at the extremes.
+// r = 1 / (e^(2y) + 1) for y = s pre, given k = 2 log2(e) pre: one ex2 and
+// one rcp on the special function unit (rcp.approx: relative error 2^-23).
+// Every softcap form is built on it: tanh(y) = 1 - 2r, the forward's
+// exponent mult tanh(y) = mult - 2 mult r, and the backward's 1 - tanh^2 =
+// 4 r (1 - r). e^(2y) overflowing to +inf gives r = 0 (tanh +1), e^(2y) = 0
+// gives r = 1 (tanh -1): exact at the extremes, no NaN.
+__device__ __forceinline__ float softcap_r(float s, float k) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fast_exp2(s * k) + 1.0f));
+  return r;
+}
+
+// tanh(x) through softcap_r: absolute error about 1e-7 (the accuracy the
+// logits need; tanh.approx's 2^-11 would not pass the bf16 tolerance with
+// cap 30).
 __device__ __forceinline__ float softcap_tanh(float x) {
   constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
-  return 1.0f - __fdividef(2.0f, fast_exp2(x * kTwoLog2e) + 1.0f);
+  return fmaf(softcap_r(x, kTwoLog2e), -2.0f, 1.0f);
 }
 
 // v = tanh(s * pre) on every element (ScoreArgs: the capped logit is cap * v).
@@ -120,10 +132,9 @@ __device__ __forceinline__ void apply_softcap(float (&acc)[kMT][kNT][4], float p
 }
 
 // The exponents v mult (v = tanh(s pre)) on every element, for
-// ScoreMode::softcap_without_row_max (score_mode.hpp): softcap_tanh's form
-// with mult folded into its last step, mult tanh(y) = mult - 2 mult /
-// (e^(2y) + 1): mul, ex2, add, rcp, fma. e^(2y) overflowing to +inf gives
-// rcp 0, i.e. +mult.
+// ScoreMode::softcap_without_row_max (score_mode.hpp): mult folded into
+// softcap_tanh's last step, mult tanh(y) = mult - 2 mult r: mul, ex2, add,
+// rcp, fma.
 template <int kMT, int kNT>
 __device__ __forceinline__ void softcap_exponents(float (&acc)[kMT][kNT][4], float pre,
                                                   float mult) {
@@ -135,11 +146,8 @@ __device__ __forceinline__ void softcap_exponents(float (&acc)[kMT][kNT][4], flo
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float r;
-        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fast_exp2(acc[mt][nt][e] * k) + 1.0f));
-        acc[mt][nt][e] = fmaf(r, minus_two_mult, mult);
-      }
+      for (int e = 0; e < 4; ++e)
+        acc[mt][nt][e] = fmaf(softcap_r(acc[mt][nt][e], k), minus_two_mult, mult);
 }
 
 }  // namespace gqattn::flash

@@ -184,7 +184,7 @@ __device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&d
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float r = __fdividef(1.0f, flash::fast_exp2(s[0][nt][e] * k) + 1.0f);
+        const float r = flash::softcap_r(s[0][nt][e], k);
         dp[0][nt][e] *= fmaf(-r, r, r);
         s[0][nt][e] = r;
       }

@@ -2,7 +2,7 @@
 // ScoreMode (flash/score_mode.hpp):
 // - softcap (running row maximum): tanh with one special-function (MUFU) op
 //   per element, below. cuda-flash's softcap_tanh (mask.cuh) costs two (ex2
-//   and the rcp of __fdividef); with the softmax's ex2 that made three MUFU
+//   and rcp, softcap_r); with the softmax's ex2 that made three MUFU
 //   ops per score, and the MUFU pipe (16 results per clock per SM) bounded
 //   that softcapped forward. Here the reciprocal is computed on the FMA pipe.
 // - softcap_without_row_max: the exponents v mult directly, in the same

@@ -81,21 +81,22 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   an even number of query heads) work on the same query tile in one
 //   cluster of two CTAs, and each K/V tile is copied from global memory
 //   once for both: each CTA copies half of its column blocks and the TMA
-//   multicasts them into both. Only where it was measured to win
-//   (multicast_tile(): tiles with kMulticastAllowed, i.e. d128, and no
-//   softcap). Measured on the H200 (fwd TFLOP/s, multicast / off, one call,
-//   docs/hopper.md): d128 causal T16k 636 / 573, non-causal T4k 631 / 596,
-//   causal T4k 602 / 593; but d256 607 / 630 and d128 cap30 394 / 422 (the
-//   two CTAs of a cluster wait for each other's slowest warp; where K/V
-//   traffic is not what bounds the loop, that coupling only costs). Off:
-//   every CTA copies its own K/V and no cluster kernel is compiled.
+//   multicasts them into both; only tiles with kMulticastAllowed (d128)
+//   and no softcap (multicast_tile()). Off: every CTA copies its own K/V
+//   and no cluster kernel is compiled (the kernels are SASS-identical to
+//   those before the switch existed). Off because no gain was measured on
+//   the H200 (docs/hopper.md TODO 0; fwd TFLOP/s, three interleaved builds
+//   each, multicast / off): d128 causal T1k 404-411 / 410-419, T4k
+//   580-596 / 592-593, T16k 593-666 / 588-632, non-causal 578-624 /
+//   593-625; d256 607 / 630 and d128 cap30 394 / 422 in one call (the two
+//   CTAs of a cluster wait for each other's slowest warp).
 constexpr bool kIntraWarpgroupOverlap = true;
 constexpr bool kPingPong = true;
 constexpr bool kFastSoftcap = true;
 constexpr bool kPersistentScheduler = true;
 constexpr bool kWideNonCausalD128 = true;
 constexpr bool kWideSoftcapD128 = false;
-constexpr bool kMulticastKV = true;
+constexpr bool kMulticastKV = false;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the non-causal
 // variant (only <128, true> exists, used as forward_wide() says).
