@@ -6,7 +6,9 @@
 // rows, softcap, rows with no kept key).
 //
 // update_unshifted() is the no-offset variant of ScoreMode::
-// softcap_without_row_max (score_mode.hpp): no maximum, no rescale.
+// softcap_without_row_max (score_mode.hpp): no maximum, no rescale. Its
+// kFmaExp2Quarters (0 in cuda-flash) moves that share of the exponentials
+// from the MUFU to the FMA pipe (softmax_exp2, exp2_fma.hpp).
 //
 // Invariants: a row whose every element so far was masked has max -inf; the
 // exponent offset then uses 0 instead (never -inf - -inf), so its p are 0,
@@ -15,11 +17,22 @@
 
 #include <cmath>
 
+#include "cuda/flash/exp2_fma.hpp"
 #include "cuda/flash/mma.cuh"
 
 namespace gqattn::flash {
 
 constexpr float kLn2 = 0.6931471805599453f;
+
+// 2^x of a score in n8 block nt of a tile: blocks with nt % 4 below
+// kFmaExp2Quarters on the FMA pipe (exp2_fma), the others on the MUFU
+// (fast_exp2). nt is an unrolled loop index, so the choice is compiled in.
+// Both give +0 for x = -inf (masked).
+template <int kFmaExp2Quarters>
+__device__ __forceinline__ float softmax_exp2(float x, int nt) {
+  static_assert(kFmaExp2Quarters >= 0 && kFmaExp2Quarters <= 4, "a share in quarters");
+  return nt % 4 < kFmaExp2Quarters ? exp2_fma(x) : fast_exp2(x);
+}
 
 template <int kMT>
 struct OnlineSoftmax {
@@ -83,7 +96,7 @@ struct OnlineSoftmax {
   // The same mode's update. x: this tile's exponents v mult (|x| <=
   // kMaxUnshiftedExponent, masked ones -inf), replaced by p = 2^x; no
   // maximum, so O is never rescaled.
-  template <int kNT>
+  template <int kFmaExp2Quarters = 0, int kNT>
   __device__ __forceinline__ void update_unshifted(float (&x)[kMT][kNT][4]) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -95,7 +108,7 @@ struct OnlineSoftmax {
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            const float p = fast_exp2(x[mt][nt][e]);
+            const float p = softmax_exp2<kFmaExp2Quarters>(x[mt][nt][e], nt);
             x[mt][nt][e] = p;
             sum += p;
           }

@@ -154,6 +154,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   static_assert(kConsumerWarpgroups == 2, "PingPong pairs exactly two consumer warpgroups");
   constexpr bool kSoftcap = flash::has_softcap(kScores);
   constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
+  constexpr int kFmaExp2Quarters = forward_fma_exp2_quarters<Tile>(kSoftcap);
 
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
@@ -242,9 +243,9 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY);
     if constexpr (kRowMax)
-      scores_to_p(sm, s, alpha);
+      scores_to_p<kFmaExp2Quarters>(sm, s, alpha);
     else
-      sm.update_unshifted(s);
+      sm.template update_unshifted<kFmaExp2Quarters>(s);
   };
 
   // P as the register A operand: k-step kk is S's n8 blocks 2kk, 2kk+1.

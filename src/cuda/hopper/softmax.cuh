@@ -26,8 +26,9 @@ using RowSoftmax = flash::OnlineSoftmax<1>;
 constexpr int kSoftmaxRows = RowSoftmax::kRows;  // rows g and g + 8
 
 // s: this tile's scores (masked to -inf), replaced by p; alpha[r]: the factor
-// that brings O of row r to the new row maximum.
-template <int kNT>
+// that brings O of row r to the new row maximum. kFmaExp2Quarters: the share
+// of p computed on the FMA pipe (flash::softmax_exp2).
+template <int kFmaExp2Quarters, int kNT>
 __device__ __forceinline__ void scores_to_p(RowSoftmax& sm, float (&s)[1][kNT][4],
                                             float (&alpha)[kSoftmaxRows]) {
 #pragma unroll
@@ -45,7 +46,8 @@ __device__ __forceinline__ void scores_to_p(RowSoftmax& sm, float (&s)[1][kNT][4
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 2 * half; e < 2 * half + 2; ++e) {
-        const float p = flash::fast_exp2(fmaf(s[0][nt][e], sm.mult, -offset));
+        const float p =
+            flash::softmax_exp2<kFmaExp2Quarters>(fmaf(s[0][nt][e], sm.mult, -offset), nt);
         s[0][nt][e] = p;
         sum += p;
       }

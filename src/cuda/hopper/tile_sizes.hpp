@@ -101,6 +101,13 @@ constexpr bool kMulticastKV = false;
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the non-causal
 // variant (only <128, true> exists, used as forward_wide() says).
 // kMulticastAllowed: the tile may take K/V multicast (kMulticastKV).
+// kFmaExp2QuartersPlain / kFmaExp2QuartersSoftcap: of every four n8 blocks
+// of P, how many take their exponentials on the FMA pipe
+// (flash::exp2_fma) instead of the MUFU, without and with softcap. The
+// MUFU gives 16 results per clock per SM; with softcap it computes three
+// ops per score (tanh's ex2 and rcp, P's ex2) and bounds the loop, and at
+// d64 P's one op per score meets half d128's tensor work. 0: all on the
+// MUFU, the kernels as before.
 // kTwoMufuSoftcapExponents: under ScoreMode::softcap_without_row_max, the
 // exponents in cuda-flash's two-MUFU form (softcap.cuh): fewer
 // instructions, one more MUFU op per score. Measured on the H200 (fwd
@@ -111,6 +118,7 @@ struct ForwardTile;
 template <>
 struct ForwardTile<64> {
   static constexpr int kD = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kMulticastAllowed = false;  // one column block: nothing to split
   static constexpr bool kFastSoftcapAllowed = true;
@@ -119,6 +127,7 @@ struct ForwardTile<64> {
 template <>
 struct ForwardTile<128> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 2;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kMulticastAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
@@ -129,6 +138,7 @@ struct ForwardTile<128> {
 template <>
 struct ForwardTile<128, true> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 176, kStages = 2;
+  static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kMulticastAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
@@ -137,6 +147,7 @@ struct ForwardTile<128, true> {
 template <>
 struct ForwardTile<256> {
   static constexpr int kD = 256, kBlockM = 128, kBlockN = 64, kStages = 2;
+  static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = false;   // FlashAttention-3: no ping-pong for d256
   static constexpr bool kMulticastAllowed = false;  // measured slower (kMulticastKV)
   // With O (128 registers) and P in flight during the softmax, the longer
@@ -156,6 +167,13 @@ constexpr bool has_wide_tile(int d, bool softcap) {
 // shared memory) and the launcher (kernel instance) decide alike.
 constexpr bool forward_wide(int d, bool causal, int window, bool softcap) {
   return has_wide_tile(d, softcap) && !causal && window == 0;
+}
+
+// The share (in quarters of the n8 blocks) of a tile's P exponentials on
+// the FMA pipe, under softcap or not.
+template <class Tile>
+constexpr int forward_fma_exp2_quarters(bool softcap) {
+  return softcap ? Tile::kFmaExp2QuartersSoftcap : Tile::kFmaExp2QuartersPlain;
 }
 
 // CTAs per cluster when K/V are multicast (kMulticastKV), and whether a tile
