@@ -104,10 +104,14 @@ constexpr bool kMulticastKV = false;
 // kFmaExp2QuartersPlain / kFmaExp2QuartersSoftcap: of every four n8 blocks
 // of P, how many take their exponentials on the FMA pipe
 // (flash::exp2_fma) instead of the MUFU, without and with softcap. The
-// MUFU gives 16 results per clock per SM; with softcap it computes three
-// ops per score (tanh's ex2 and rcp, P's ex2) and bounds the loop, and at
-// d64 P's one op per score meets half d128's tensor work. 0: all on the
-// MUFU, the kernels as before.
+// MUFU gives 16 results per clock per SM and under softcap computes three
+// ops per score (tanh's ex2 and rcp, P's ex2). 0 everywhere: all on the
+// MUFU, the kernels as before. Measured on the H200 (fwd TFLOP/s, d128
+// causal cap30 B4 T4k, one call, quarters 0 / 1 / 2 / 3): 418 / 421 / 414
+// / 409 (a second build of 2: 414); the forward tests passed with 2 (64 of
+// 64). Each exponential moved costs 8 instructions (SASS: the hot path
+// 1410 -> 1667 with 2 quarters), which the loop pays as much as it saves
+// on the MUFU: it is bound by latency, not by one pipe (docs/hopper.md).
 // kTwoMufuSoftcapExponents: under ScoreMode::softcap_without_row_max, the
 // exponents in cuda-flash's two-MUFU form (softcap.cuh): fewer
 // instructions, one more MUFU op per score. Measured on the H200 (fwd
@@ -127,7 +131,7 @@ struct ForwardTile<64> {
 template <>
 struct ForwardTile<128> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
-  static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 2;
+  static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kMulticastAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
