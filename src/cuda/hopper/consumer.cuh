@@ -1,5 +1,6 @@
 // cuda-hopper: a consumer warpgroup's main loop: for each key tile the
-// producer delivers, S = Q K^T on wgmma (both operands from shared memory),
+// producer delivers, S = Q K^T on wgmma (both operands from shared memory,
+// or with kQInRegisters Q from registers loaded once per work tile),
 // softcap and mask (cuda-flash's policy), online softmax (softmax.cuh, the
 // arithmetic of cuda-flash's; under ScoreMode::softcap_without_row_max the
 // no-offset softmax, with no row maximum and no rescale of O, and o divided
@@ -79,6 +80,31 @@ __device__ __forceinline__ uint64_t v_desc(uint32_t tile, int kk) {
       uint32_t(kk) * kVStepBytes);
 }
 
+// Q's register A fragments for S = Q K^T (q_in_registers(), tile_sizes.hpp):
+// k-step kk of this warp's 16 rows of the warpgroup's Q tile at wg_q_tile,
+// by ldmatrix.x4 from the 128-byte swizzled K-major layout above. Lane l
+// addresses row 8 (m % 2) + l % 8 of matrix m = l / 8, at 16-byte chunk
+// 2 (kk % 4) + m / 2 of column block kk / 4; the swizzle XORs that chunk
+// with the row mod 8, which is l % 8 (a warp's rows start at a multiple of
+// 16). Matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) in that order are the
+// m16n8k16 A fragment, which is wgmma's register A fragment (wgmma.cuh).
+template <int kBM, int kSteps>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[kSteps][4], uint32_t wg_q_tile,
+                                                 int warp, int lane) {
+  const int matrix = lane / 8;
+  const int row_in_matrix = lane % 8;
+  const int row = warp * flash::kMmaM + (matrix % 2) * 8 + row_in_matrix;
+  const uint32_t row_addr = wg_q_tile + uint32_t(row) * kSwizzleBytes;
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const uint32_t chunk =
+        uint32_t(kk % int(kStepsPerColBlock) * 2 + matrix / 2) ^ uint32_t(row_in_matrix);
+    flash::ldsm_x4(
+        qa[kk], row_addr + uint32_t(kk / int(kStepsPerColBlock)) * (uint32_t(kBM) * kSwizzleBytes) +
+                    chunk * flash::kChunkBytes);
+  }
+}
+
 // The result of a consumer warpgroup: its O rows (normalised) and their lse.
 template <int kD>
 struct ConsumerResult {
@@ -155,6 +181,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   constexpr bool kSoftcap = flash::has_softcap(kScores);
   constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
   constexpr int kFmaExp2Quarters = forward_fma_exp2_quarters<Tile>(kSoftcap);
+  constexpr bool kQInRegs = q_in_registers<Tile>(kSoftcap);
 
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
@@ -194,12 +221,23 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     }
   };
 
+  // Q as register A fragments (kQInRegs; loaded after q_full, below; they
+  // stay live, pinned after every wait that retires an S GEMM, for the whole
+  // work tile).
+  uint32_t qa[kQInRegs ? kStepsQK : 1][4];
+  const auto pin_q = [&qa] {
+    if constexpr (kQInRegs) ptx::pin(qa);
+  };
   // S = Q K^T (the first k-step overwrites S); committed as one group.
-  const auto issue_qk = [q_tile](float(&s)[1][kNT][4], uint32_t k) {
+  const auto issue_qk = [q_tile, &qa](float(&s)[1][kNT][4], uint32_t k) {
 #pragma unroll
-    for (int kk = 0; kk < kStepsQK; ++kk)
-      ptx::Wgmma<kBN, Elem>::ss(s[0], k_major_desc<kBM>(q_tile, kk), k_major_desc<kBN>(k, kk),
-                                kk > 0);
+    for (int kk = 0; kk < kStepsQK; ++kk) {
+      if constexpr (kQInRegs)
+        ptx::Wgmma<kBN, Elem>::rs_k(s[0], qa[kk], k_major_desc<kBN>(k, kk), kk > 0);
+      else
+        ptx::Wgmma<kBN, Elem>::ss(s[0], k_major_desc<kBM>(q_tile, kk), k_major_desc<kBN>(k, kk),
+                                  kk > 0);
+    }
     ptx::wgmma_commit();
   };
   // Without row max, o is normalised by the row sums of the 16-bit P its
@@ -277,6 +315,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   // the producer overwrite Q) with its copy in flight, and q_full's phases
   // must advance once per work tile.
   ptx::mbar_wait(smem + L::kQFull, uint32_t(t) & 1u);
+  if constexpr (kQInRegs) load_q_fragments<kBM>(qa, q_tile, warp, lane);
   const int tiles = tile.keys.last - tile.keys.first + 1;  // the same in both warpgroups
   // Once every S = Q K^T GEMM of the tile has retired (all read Q).
   const auto release_q = [&] { release(smem + L::kQEmpty); };
@@ -303,6 +342,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       pp.end(/*last_point=*/false);
       ptx::wgmma_wait<0>();
       ptx::pin(s[0]);
+      pin_q();
       release_kv(smem + L::kKEmpty + bar_off(0));
       scores(s, 0, softmax, alpha);  // alpha = 0 (row max was -inf); O is 0
 
@@ -330,6 +370,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
         pp.end(false);
         ptx::wgmma_wait<1>();  // S(it) retired; P V may still run
         ptx::pin(s[0]);
+        pin_q();
         release_kv(smem + L::kKEmpty + bar_off(it));
         scores(s, it, softmax, alpha);  // overlaps the P V GEMM
       }
@@ -359,6 +400,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       issue_qk(s, k_tile(it));
       ptx::wgmma_wait<0>();
       ptx::pin(s[0]);
+      pin_q();
       release_kv(smem + L::kKEmpty + bar_off(it));
       scores(s, it, softmax, alpha);
       if constexpr (kRowMax) rescale_o(o, alpha);

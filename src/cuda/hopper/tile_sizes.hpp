@@ -97,10 +97,22 @@ constexpr bool kPersistentScheduler = true;
 constexpr bool kWideNonCausalD128 = true;
 constexpr bool kWideSoftcapD128 = false;
 constexpr bool kMulticastKV = false;
+// kQInRegisters: S = Q K^T takes Q from registers (wgmma RS, the A fragments
+// loaded once per work tile with ldmatrix) instead of shared memory, on
+// tiles with kQInRegistersAllowed and without softcap (q_in_registers()).
+// Why: per 128 x 128 key tile the two consumer warpgroups read 160 KB of
+// operands from shared memory (Q 2 x 16, K 2 x 32, V 2 x 32) while the TMA
+// writes 64 KB into it, about 109 bytes per clock of the 2048 clocks of
+// tensor work at 128 bytes per clock per SM; Q from registers takes 32 KB
+// off that. The cost: 32 registers per consumer thread (the d128 plain
+// kernel uses 184 of 240; softcap 238 and the wide tile 220 have no room).
+// Off: not yet run on the H200; with it off the kernels are unchanged.
+constexpr bool kQInRegisters = false;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the non-causal
 // variant (only <128, true> exists, used as forward_wide() says).
 // kMulticastAllowed: the tile may take K/V multicast (kMulticastKV).
+// kQInRegistersAllowed: the tile may take Q from registers (kQInRegisters).
 // kFmaExp2QuartersPlain / kFmaExp2QuartersSoftcap: of every four n8 blocks
 // of P, how many take their exponentials on the FMA pipe
 // (flash::exp2_fma) instead of the MUFU, without and with softcap. The
@@ -122,6 +134,7 @@ struct ForwardTile;
 template <>
 struct ForwardTile<64> {
   static constexpr int kD = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr bool kQInRegistersAllowed = false;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kMulticastAllowed = false;  // one column block: nothing to split
@@ -131,6 +144,7 @@ struct ForwardTile<64> {
 template <>
 struct ForwardTile<128> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr bool kQInRegistersAllowed = true;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kMulticastAllowed = true;
@@ -142,6 +156,7 @@ struct ForwardTile<128> {
 template <>
 struct ForwardTile<128, true> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 176, kStages = 2;
+  static constexpr bool kQInRegistersAllowed = false;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kMulticastAllowed = true;
@@ -151,6 +166,7 @@ struct ForwardTile<128, true> {
 template <>
 struct ForwardTile<256> {
   static constexpr int kD = 256, kBlockM = 128, kBlockN = 64, kStages = 2;
+  static constexpr bool kQInRegistersAllowed = false;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = false;   // FlashAttention-3: no ping-pong for d256
   static constexpr bool kMulticastAllowed = false;  // measured slower (kMulticastKV)
@@ -178,6 +194,13 @@ constexpr bool forward_wide(int d, bool causal, int window, bool softcap) {
 template <class Tile>
 constexpr int forward_fma_exp2_quarters(bool softcap) {
   return softcap ? Tile::kFmaExp2QuartersSoftcap : Tile::kFmaExp2QuartersPlain;
+}
+
+// Whether S = Q K^T takes Q from registers on `Tile` under softcap on or
+// off (kQInRegisters).
+template <class Tile>
+constexpr bool q_in_registers(bool softcap) {
+  return kQInRegisters && Tile::kQInRegistersAllowed && !softcap;
 }
 
 // CTAs per cluster when K/V are multicast (kMulticastKV), and whether a tile
