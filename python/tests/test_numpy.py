@@ -5,6 +5,8 @@ determinism; plus the f64 oracle and the introspection calls.
 Run: pytest python/tests/test_numpy.py (after `pip install .`).
 """
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -53,7 +55,11 @@ def split(problem):
 
 @pytest.mark.parametrize("name,problem", CASES, ids=[c[0] for c in CASES])
 def test_forward_backward_f32(name, problem):
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    # A seed per case that is the same in every run: hash() of a str is
+    # salted per process, which made the inputs, and a dq error of 1.16e-5
+    # on window_not_causal in one CI run (no seed of 400 tried since exceeds
+    # 1e-5; the largest gave 9.4e-6), irreproducible.
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     sizes, opts = split(problem)
     q, k, v, do = ref.inputs(rng, **sizes)
     o, lse = run_forward(q, k, v, **opts)
