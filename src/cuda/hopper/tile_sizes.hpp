@@ -104,8 +104,9 @@ constexpr bool kMulticastKV = false;
 // operands from shared memory (Q 2 x 16, K 2 x 32, V 2 x 32) while the TMA
 // writes 64 KB into it, about 109 bytes per clock of the 2048 clocks of
 // tensor work at 128 bytes per clock per SM; Q from registers takes 32 KB
-// off that. The cost: 32 registers per consumer thread (the d128 plain
-// kernel uses 184 of 240; softcap 238 and the wide tile 220 have no room).
+// off that (d64: the same rates, 16 of 112 KB per tile). The cost: d / 4
+// registers per consumer thread (the d128 plain kernel uses 184 of 240, the
+// d64 one 152; softcap 238 and the wide tile 220 have no room).
 // Off: not yet run on the H200; with it off the kernels are unchanged.
 constexpr bool kQInRegisters = false;
 
@@ -134,7 +135,7 @@ struct ForwardTile;
 template <>
 struct ForwardTile<64> {
   static constexpr int kD = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
-  static constexpr bool kQInRegistersAllowed = false;
+  static constexpr bool kQInRegistersAllowed = true;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
   static constexpr bool kMulticastAllowed = false;  // one column block: nothing to split
