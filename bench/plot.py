@@ -20,7 +20,10 @@ def main():
     ap.add_argument("--title", default="")
     args = ap.parse_args()
     with open(args.results) as fh:
-        results = json.load(fh)["results"]
+        data = json.load(fh)
+    # With several rounds (side_by_side.py --rounds) the medians; a JSON
+    # written before rounds existed has only "results", one record each.
+    results = data.get("medians") or data["results"]
     shapes, backends = [], []
     for r in results:
         if r["shape"] not in shapes:
