@@ -122,9 +122,10 @@ constexpr bool kQInRegisters = false;
 // MUFU, the kernels as before. Measured on the H200 (fwd TFLOP/s, d128
 // causal cap30 B4 T4k, one call, quarters 0 / 1 / 2 / 3): 418 / 421 / 414
 // / 409 (a second build of 2: 414); the forward tests passed with 2 (64 of
-// 64). Each exponential moved costs 8 instructions (SASS: the hot path
-// 1410 -> 1667 with 2 quarters), which the loop pays as much as it saves
-// on the MUFU: it is bound by latency, not by one pipe (docs/hopper.md).
+// 64). Each exponential moved costs 8-9 FMA/ALU instructions; by the
+// CUDA guide's MUFU rate the loop is MUFU-bound and should have gained,
+// so either that rate or that reading is wrong (docs/hopper.md TODO 4:
+// the profile that decides it).
 // kTwoMufuSoftcapExponents: under ScoreMode::softcap_without_row_max, the
 // exponents in cuda-flash's two-MUFU form (softcap.cuh): fewer
 // instructions, one more MUFU op per score. Measured on the H200 (fwd
