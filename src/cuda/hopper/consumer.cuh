@@ -44,6 +44,7 @@
 #include "cuda/flash/mma.cuh"
 #include "cuda/flash/score_mode.hpp"
 #include "cuda/flash/softmax.cuh"
+#include "cuda/hopper/operand_layout.hpp"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/ptx/cluster.cuh"
@@ -81,28 +82,16 @@ __device__ __forceinline__ uint64_t v_desc(uint32_t tile, int kk) {
 }
 
 // Q's register A fragments for S = Q K^T (q_in_registers(), tile_sizes.hpp):
-// k-step kk of this warp's 16 rows of the warpgroup's Q tile at wg_q_tile,
-// by ldmatrix.x4 from the 128-byte swizzled K-major layout above. Lane l
-// addresses row 8 (m % 2) + l % 8 of matrix m = l / 8, at 16-byte chunk
-// 2 (kk % 4) + m / 2 of column block kk / 4; the swizzle XORs that chunk
-// with the row mod 8, which is l % 8 (a warp's rows start at a multiple of
-// 16). Matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) in that order are the
-// m16n8k16 A fragment, which is wgmma's register A fragment (wgmma.cuh).
+// k-step kk of this warp's 16 rows of the warpgroup's Q tile at wg_q_tile
+// (rows of a column block kBM apart), by ldmatrix.x4 at the addresses
+// operand_layout.hpp derives from the swizzled layout (checked on the CPU by
+// tests/cpu/test_hopper_operand_layout.cpp).
 template <int kBM, int kSteps>
 __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[kSteps][4], uint32_t wg_q_tile,
                                                  int warp, int lane) {
-  const int matrix = lane / 8;
-  const int row_in_matrix = lane % 8;
-  const int row = warp * flash::kMmaM + (matrix % 2) * 8 + row_in_matrix;
-  const uint32_t row_addr = wg_q_tile + uint32_t(row) * kSwizzleBytes;
 #pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk) {
-    const uint32_t chunk =
-        uint32_t(kk % int(kStepsPerColBlock) * 2 + matrix / 2) ^ uint32_t(row_in_matrix);
-    flash::ldsm_x4(
-        qa[kk], row_addr + uint32_t(kk / int(kStepsPerColBlock)) * (uint32_t(kBM) * kSwizzleBytes) +
-                    chunk * flash::kChunkBytes);
-  }
+  for (int kk = 0; kk < kSteps; ++kk)
+    flash::ldsm_x4(qa[kk], wg_q_tile + a_fragment_ldmatrix_offset(kk, warp, lane, kBM));
 }
 
 // The result of a consumer warpgroup: its O rows (normalised) and their lse.

@@ -1,0 +1,54 @@
+// cuda-hopper: byte offsets in the forward's K-major operand tiles (Q, K as
+// TMA writes them with the 128-byte swizzle), and the addresses a warp
+// gives ldmatrix to read Q's register A fragments from one (kQInRegisters,
+// consumer.cuh). Plain integer code for host and device, so that
+// tests/cpu/test_hopper_operand_layout.cpp checks the fragment addresses
+// against the layout's definition without a GPU.
+//
+// The layout of a K-major [rows x d] 16-bit tile: d in column blocks of
+// kColBlock = 64 elements, each block [rows][128 bytes] (block b starts at
+// b * rows * 128); within a 1024-byte atom of 8 rows, 16-byte chunk c of row
+// r sits at chunk c ^ (r % 8) (the tile is 1024-byte aligned, so r % 8 is
+// the row's position in its atom).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash/smem_layout.hpp"  // GQATTN_FLASH_HD, kChunkBytes
+#include "cuda/hopper/tile_sizes.hpp"
+
+namespace gqattn::hopper {
+
+constexpr int kSwizzleRows = kSwizzleAtomBytes / kSwizzleBytes;         // 8
+constexpr int kChunksPerBlockRow = kSwizzleBytes / flash::kChunkBytes;  // 8
+constexpr int kElemsPerChunk = flash::kChunkBytes / kElemBytes;         // 8
+
+// Byte offset of element (row, col) of a K-major tile of `rows` rows.
+GQATTN_FLASH_HD uint32_t k_major_offset(int row, int col, int rows) {
+  const int block = col / kColBlock;
+  const int chunk = col % kColBlock / kElemsPerChunk;
+  return uint32_t(block * rows * kSwizzleBytes + row * kSwizzleBytes +
+                  (chunk ^ (row % kSwizzleRows)) * flash::kChunkBytes +
+                  col % kElemsPerChunk * kElemBytes);
+}
+
+// The ldmatrix.x4 source of `lane` for k-step kk (columns 16 kk .. 16 kk +
+// 15) of rows [16 warp, 16 warp + 16) of a K-major tile of `rows` rows, as a
+// byte offset from the tile. Matrix m = lane / 8 is rows 8 (m % 2) .. + 7,
+// columns 16 kk + 8 (m / 2) .. + 7, and lane provides its row lane % 8; in
+// that order the four matrices are the m16n8k16 A fragment (register m of
+// a thread g = lane / 4, c = lane % 4 holds row g + 8 (m % 2), columns
+// 16 kk + 8 (m / 2) + 2c, + 1), which is wgmma's register A fragment. The
+// rows of a warp start at a multiple of 16, so the swizzle only XORs the
+// chunk with lane % 8: one XOR per k-step on top of a per-lane row offset.
+GQATTN_FLASH_HD uint32_t a_fragment_ldmatrix_offset(int kk, int warp, int lane, int rows) {
+  const int matrix = lane / 8;
+  const int row_in_matrix = lane % 8;
+  const int row = warp * 16 + matrix % 2 * 8 + row_in_matrix;
+  constexpr int kStepsPerBlock = kColBlock / kWgmmaK;  // 4
+  const int chunk = (kk % kStepsPerBlock * 2 + matrix / 2) ^ row_in_matrix;
+  return uint32_t(kk / kStepsPerBlock * rows * kSwizzleBytes + row * kSwizzleBytes +
+                  chunk * flash::kChunkBytes);
+}
+
+}  // namespace gqattn::hopper

@@ -1,0 +1,85 @@
+// cuda-hopper's K-major operand layout and Q's register fragments
+// (src/cuda/hopper/operand_layout.hpp), without a GPU: the layout against
+// the TMA's 128-byte swizzle written as bit operations (Swizzle<3, 4, 3>:
+// address bits 4-6 XOR bits 7-9), and the ldmatrix addresses of
+// load_q_fragments by simulating ldmatrix.x4 on a tile whose every element
+// holds its own (row, column): each thread must receive the m16n8k16 A
+// fragment that wgmma's register A operand expects.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cuda/hopper/operand_layout.hpp"
+
+namespace {
+
+using gqattn::hopper::a_fragment_ldmatrix_offset;
+using gqattn::hopper::k_major_offset;
+
+constexpr int kRows = 128;  // the forward's kBlockM
+
+uint32_t tma_swizzle_128b(int row, int col, int rows) {
+  const uint32_t linear = uint32_t((col / 64) * rows * 128 + row * 128 + (col % 64) * 2);
+  return linear ^ (((linear >> 7) & 7u) << 4);
+}
+
+uint16_t element_id(int row, int col) { return uint16_t(row * 256 + col); }
+
+TEST(HopperOperandLayout, KMajorOffsetIsTheTma128ByteSwizzle) {
+  for (int d : {64, 128, 256})
+    for (int row = 0; row < kRows; ++row)
+      for (int col = 0; col < d; ++col)
+        ASSERT_EQ(k_major_offset(row, col, kRows), tma_swizzle_128b(row, col, kRows))
+            << "row " << row << " col " << col << " d " << d;
+}
+
+// ldmatrix.x4 as the PTX ISA defines it: matrix i's eight rows come from the
+// addresses of lanes 8i .. 8i + 7 (16 bytes each); thread t receives in
+// register i the two elements 2 (t % 4), + 1 of row t / 4 of matrix i.
+TEST(HopperOperandLayout, QFragmentsAreTheWgmmaAFragment) {
+  for (int d : {64, 128}) {
+    std::vector<uint8_t> tile(std::size_t(kRows) * d * 2);
+    for (int row = 0; row < kRows; ++row)
+      for (int col = 0; col < d; ++col) {
+        const uint16_t id = element_id(row, col);
+        std::memcpy(&tile[k_major_offset(row, col, kRows)], &id, sizeof id);
+      }
+    for (int warp_row0 : {0, 64})  // the two consumer warpgroups' rows
+      for (int warp = 0; warp < 4; ++warp)
+        for (int kk = 0; kk < d / 16; ++kk)
+          for (int t = 0; t < 32; ++t)
+            for (int i = 0; i < 4; ++i) {
+              const int source_lane = 8 * i + t / 4;
+              const uint32_t row_address = uint32_t(warp_row0 * 128) +
+                                           a_fragment_ldmatrix_offset(kk, warp, source_lane, kRows);
+              for (int half = 0; half < 2; ++half) {
+                uint16_t got;
+                std::memcpy(&got, &tile[row_address + 4 * (t % 4) + 2 * half], sizeof got);
+                const int row = warp_row0 + 16 * warp + t / 4 + 8 * (i % 2);
+                const int col = 16 * kk + 8 * (i / 2) + 2 * (t % 4) + half;
+                ASSERT_EQ(got, element_id(row, col))
+                    << "d " << d << " warp " << warp << " kk " << kk << " thread " << t
+                    << " register " << i << " half " << half;
+              }
+            }
+  }
+}
+
+// Each lane's ldmatrix source is one whole 16-byte row chunk: aligned, and
+// all 8 elements of a matrix row contiguous in it.
+TEST(HopperOperandLayout, LdmatrixRowsAreAligned16ByteChunks) {
+  for (int kk = 0; kk < 8; ++kk)
+    for (int warp = 0; warp < 4; ++warp)
+      for (int lane = 0; lane < 32; ++lane) {
+        const uint32_t at = a_fragment_ldmatrix_offset(kk, warp, lane, kRows);
+        EXPECT_EQ(at % 16, 0u);
+        const int row = 16 * warp + (lane / 8) % 2 * 8 + lane % 8;
+        const int col0 = 16 * kk + 8 * (lane / 16);
+        for (int e = 0; e < 8; ++e)
+          EXPECT_EQ(k_major_offset(row, col0 + e, kRows), at + uint32_t(2 * e));
+      }
+}
+
+}  // namespace
