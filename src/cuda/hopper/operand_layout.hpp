@@ -19,9 +19,8 @@
 
 namespace gqattn::hopper {
 
-constexpr int kSwizzleRows = kSwizzleAtomBytes / kSwizzleBytes;         // 8
-constexpr int kChunksPerBlockRow = kSwizzleBytes / flash::kChunkBytes;  // 8
-constexpr int kElemsPerChunk = flash::kChunkBytes / kElemBytes;         // 8
+constexpr int kSwizzleRows = kSwizzleAtomBytes / kSwizzleBytes;  // 8
+constexpr int kElemsPerChunk = flash::kChunkBytes / kElemBytes;  // 8
 
 // Byte offset of element (row, col) of a K-major tile of `rows` rows.
 GQATTN_FLASH_HD uint32_t k_major_offset(int row, int col, int rows) {
