@@ -52,34 +52,29 @@ def ss_mn(n, ptype):
     return smem_smem(n, ptype, "ss_mn", "MN-major", 1)
 
 
-def rs(n, ptype):
+def reg_smem(n, ptype, name, major, trans_b):
+    """A from registers, B from shared memory; `trans_b` is imm-trans-b."""
     acc = n // 2
-    return f"""  // D(64 x {n}) (+)= A(64 x 16, registers) * B(16 x {n}, smem, MN-major).
-  __device__ __forceinline__ static void rs(float (&d)[{n // 8}][4], const uint32_t (&a)[4],
-                                            uint64_t desc_b, int accumulate) {{
+    pad = " " * len(name)  # aligns the second parameter line under the first
+    return f"""  // D(64 x {n}) (+)= A(64 x 16, registers) * B(16 x {n}, smem, {major}).
+  __device__ __forceinline__ static void {name}(float (&d)[{n // 8}][4], const uint32_t (&a)[4],
+                                          {pad}uint64_t desc_b, int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 5}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-        "{{{regs(0, acc)}}}, {{{regs(acc, 4)}}}, %{acc + 4}, p, 1, 1, 1;\\n}}\\n"
+        "{{{regs(0, acc)}}}, {{{regs(acc, 4)}}}, %{acc + 4}, p, 1, 1, {trans_b};\\n}}\\n"
         : {operands(n)}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
   }}
 """
+
+
+def rs(n, ptype):
+    return reg_smem(n, ptype, "rs", "MN-major", 1)
 
 
 def rs_k(n, ptype):
-    acc = n // 2
-    return f"""  // D(64 x {n}) (+)= A(64 x 16, registers) * B(16 x {n}, smem, K-major).
-  __device__ __forceinline__ static void rs_k(float (&d)[{n // 8}][4], const uint32_t (&a)[4],
-                                              uint64_t desc_b, int accumulate) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 5}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-        "{{{regs(0, acc)}}}, {{{regs(acc, 4)}}}, %{acc + 4}, p, 1, 1, 0;\\n}}\\n"
-        : {operands(n)}
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  }}
-"""
+    return reg_smem(n, ptype, "rs_k", "K-major", 0)
 
 
 def main():
