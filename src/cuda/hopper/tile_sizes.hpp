@@ -107,8 +107,12 @@ constexpr bool kMulticastKV = false;
 // off that (d64: the same rates, 16 of 112 KB per tile). The cost: d / 4
 // registers per consumer thread (the d128 plain kernel uses 184 of 240, the
 // d64 one 152; softcap 238 and the wide tile 220 have no room).
-// Off: not yet run on the H200; with it off the kernels are unchanged.
-constexpr bool kQInRegisters = false;
+// Measured on the H200 (2026-11-30, fwd TFLOP/s, one call, on / off / on /
+// off, interleaved builds; the 64 forward tests pass with it on): d128
+// causal T1k 420 / 413 / 421 / 415, T4k 608 / 602 / 614 / 603, T16k 615 /
+// 660 / 659 / 612 (the spread), window 1024 494 / 487 / 495 / 485, d64 T4k
+// 400 / 399 / 403 / 399. A steady 1-2%, on.
+constexpr bool kQInRegisters = true;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the non-causal
 // variant (only <128, true> exists, used as forward_wide() says).
