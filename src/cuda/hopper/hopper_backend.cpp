@@ -47,17 +47,18 @@ constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 constexpr int kNeedMajor = 9;
 constexpr int kNeedMinor = 0;
 
-// Whether problem p runs on the wide d128 tile (tile_sizes.hpp
-// forward_wide), decided on mask_args and score_args exactly as the
-// launcher decides on ForwardParams::mask and ::score (a window >= Tk is no
-// window).
+// Whether problem p runs on a wide tile (tile_sizes.hpp forward_wide),
+// decided on mask_args and score_args exactly as the launcher decides on
+// ForwardParams::mask and ::score (a window >= Tk is no window).
 bool wide_tile(const Problem& p) {
   const flash::MaskArgs m = flash::mask_args(p);
-  return hopper::forward_wide(int(p.d), m.causal, m.window, flash::score_args(p).softcap);
+  return hopper::forward_wide(int(p.d), m.causal, m.window, m.tk, flash::score_args(p).softcap);
 }
 
 [[maybe_unused]] std::size_t smem_needed(int64_t d, bool wide) {
-  if (wide) return hopper::forward_smem_bytes<hopper::ForwardTile<128, true>>();
+  if (wide)
+    return d == 64 ? hopper::forward_smem_bytes<hopper::ForwardTile<64, true>>()
+                   : hopper::forward_smem_bytes<hopper::ForwardTile<128, true>>();
   switch (d) {
     case 64: return hopper::forward_smem_bytes<hopper::ForwardTile<64>>();
     case 128: return hopper::forward_smem_bytes<hopper::ForwardTile<128>>();
@@ -73,7 +74,9 @@ int box_rows_q(int64_t d) {
   }
 }
 int box_rows_kv(int64_t d, bool wide) {
-  if (wide) return hopper::ForwardTile<128, true>::kBlockN;
+  if (wide)
+    return d == 64 ? hopper::ForwardTile<64, true>::kBlockN
+                   : hopper::ForwardTile<128, true>::kBlockN;
   switch (d) {
     case 64: return hopper::ForwardTile<64>::kBlockN;
     case 128: return hopper::ForwardTile<128>::kBlockN;

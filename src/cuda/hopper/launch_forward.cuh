@@ -1,5 +1,5 @@
 // cuda-hopper: the forward launcher template: picks the tile (the wide d128
-// tile when forward_wide() says so, else the head dimension's default), the
+// or d64 tile when forward_wide() says so, else the head dimension's default), the
 // kernel instance for the element type and ScoreMode (flash/score_mode.hpp: plain,
 // softcap, or bf16 softcap without row maximum), opts in to its shared
 // memory, and launches a 1-D grid of CTAs of kThreads: one per work tile
@@ -8,7 +8,7 @@
 // memory) that loop; with K/V multicast (forward_cluster_ctas() 2) the CTAs
 // come in clusters of two, as many as can be resident at once. Instantiated
 // per head dimension by
-// launch_forward_d*.cu; only d128 instantiates a wide tile. The host side
+// launch_forward_d*.cu; d128 and d64 instantiate a wide tile. The host side
 // (hopper_backend.cpp) built the K/V maps with the same tile's box rows.
 // Checked through tests/gpu/test_hopper_forward.cpp.
 #pragma once
@@ -101,7 +101,7 @@ template <int kD, ScoreMode kScores>
 void launch_forward_scores(const ForwardParams& p, ElemType elem, cudaStream_t s) {
   constexpr bool kSoftcap = flash::has_softcap(kScores);
   if constexpr (has_wide_tile(kD, kSoftcap)) {
-    if (forward_wide(kD, p.mask.causal, p.mask.window, kSoftcap)) {
+    if (forward_wide(kD, p.mask.causal, p.mask.window, p.mask.tk, kSoftcap)) {
       launch_forward_elem<ForwardTile<kD, true>, kScores>(p, elem, s);
       return;
     }

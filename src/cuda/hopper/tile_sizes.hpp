@@ -3,7 +3,8 @@
 // backend's why_not compares it with the device's opt-in limit). Plain C++
 // so the host side can use it; the kernel static_asserts what it relies on.
 // Checked by compiling and by tests/gpu/test_hopper_forward.cpp (d 64, 128,
-// 256; the wide d128 tile by its non-causal d128 cases).
+// 256; the wide d128 tile by its non-causal d128 cases, the wide d64 tile by
+// its d64 cases with Tk >= kWideD64MinKeys).
 //
 // A CTA owns kBlockM = 128 query rows of one head: two consumer warpgroups
 // of 64 rows each (the M of one wgmma) and one producer warpgroup whose
@@ -14,8 +15,9 @@
 //
 // The tile is a template parameter of the kernel (ForwardTile<kD, kWide>),
 // chosen at launch by forward_wide(): per head dimension one default tile,
-// plus at d128 a wide key tile for problems with neither causal mask nor
-// window (FlashAttention-3's 128 x 176), which has fewer tiles, hence fewer
+// plus wide key tiles (FlashAttention-3's): at d128 128 x 176 for problems
+// with neither causal mask nor window, at d64 128 x 192 for long problems
+// without softcap or window. A wide tile has fewer tiles, hence fewer
 // softmax row reductions and barriers, per GEMM FLOP.
 #pragma once
 
@@ -77,6 +79,20 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   (2% at T4k, where the last tile is mostly padding); with softcap it
 //   loses 2-5% (the MUFU-bound softmax gains nothing from a longer tile and
 //   the consumer is at 238 of 240 registers), hence off.
+// - kWideD64: d64 problems without softcap or window and with at least
+//   kWideD64MinKeys keys use ForwardTile<64, true>, 128 x 192
+//   (FlashAttention-3's kBlockN for d64): d64's softmax has as many
+//   instructions per score as d128's for half the tensor work, so it is
+//   bound by its instruction stream, and a longer key tile spreads each
+//   tile's fixed work (row maxima, O rescale, barriers, waits) over 1.5x
+//   the scores. Measured on the H200 (2026-11-30, fwd TFLOP/s, 192 / 128
+//   keys, two interleaved builds each): causal B4 T4k 407-408 / 399-402,
+//   non-causal T4k 439 / 431, causal T16k 465-466 / 443; but causal B16
+//   T1k 262-264 / 288 (the diagonal and the last tile waste more), window
+//   1024 301 / 320-322 and softcap 30 207 / 231 (softcap is bound by the
+//   MUFU, which a longer tile does not relieve): hence no softcap, no
+//   window, and Tk >= 4096, the shortest measured gain. Off: the wide d64
+//   kernels are neither chosen nor compiled.
 // - kMulticastKV: the two query heads 2j, 2j + 1 of one kv head (groups of
 //   an even number of query heads) work on the same query tile in one
 //   cluster of two CTAs, and each K/V tile is copied from global memory
@@ -96,6 +112,8 @@ constexpr bool kFastSoftcap = true;
 constexpr bool kPersistentScheduler = true;
 constexpr bool kWideNonCausalD128 = true;
 constexpr bool kWideSoftcapD128 = false;
+constexpr bool kWideD64 = true;
+constexpr int kWideD64MinKeys = 4096;
 constexpr bool kMulticastKV = false;
 // kQInRegisters: S = Q K^T takes Q from registers (wgmma RS, the A fragments
 // loaded once per work tile with ldmatrix) instead of shared memory, on
@@ -114,8 +132,8 @@ constexpr bool kMulticastKV = false;
 // 400 / 399 / 403 / 399. A steady 1-2%, on.
 constexpr bool kQInRegisters = true;
 
-// ForwardTile<kD, kWide>: kD the head dimension; kWide the non-causal
-// variant (only <128, true> exists, used as forward_wide() says).
+// ForwardTile<kD, kWide>: kD the head dimension; kWide the wide key tile
+// (only <128, true> and <64, true> exist, used as forward_wide() says).
 // kMulticastAllowed: the tile may take K/V multicast (kMulticastKV).
 // kQInRegistersAllowed: the tile may take Q from registers (kQInRegisters).
 // kFmaExp2QuartersPlain / kFmaExp2QuartersSoftcap: of every four n8 blocks
@@ -140,6 +158,19 @@ struct ForwardTile;
 template <>
 struct ForwardTile<64> {
   static constexpr int kD = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr bool kQInRegistersAllowed = true;
+  static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
+  static constexpr bool kPingPongAllowed = true;
+  static constexpr bool kMulticastAllowed = false;  // one column block: nothing to split
+  static constexpr bool kFastSoftcapAllowed = true;
+  static constexpr bool kTwoMufuSoftcapExponents = false;
+};
+// 128 x 192 (d64 without softcap or window, Tk >= kWideD64MinKeys): S is 96
+// f32 per consumer thread (m64n192k16), P 48 packed registers, O 32, Q 16;
+// R0-R218 of 240 with Q in registers, no spills.
+template <>
+struct ForwardTile<64, true> {
+  static constexpr int kD = 64, kBlockM = 128, kBlockN = 192, kStages = 2;
   static constexpr bool kQInRegistersAllowed = true;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
@@ -183,16 +214,18 @@ struct ForwardTile<256> {
   static constexpr bool kTwoMufuSoftcapExponents = true;
 };
 
-// Whether head dimension d has a wide (non-causal) tile for softcap on or
-// off at all: which kernels the launchers instantiate.
+// Whether head dimension d has a wide tile for softcap on or off at all:
+// which kernels the launchers instantiate.
 constexpr bool has_wide_tile(int d, bool softcap) {
-  return kWideNonCausalD128 && d == 128 && (!softcap || kWideSoftcapD128);
+  return (kWideNonCausalD128 && d == 128 && (!softcap || kWideSoftcapD128)) ||
+         (kWideD64 && d == 64 && !softcap);
 }
-// Whether a problem runs on ForwardTile<d, true>. causal and window are
-// MaskArgs' (window 0: none), softcap ScoreArgs', so the host (TMA box rows,
+// Whether a problem runs on ForwardTile<d, true>. causal, window (0: none)
+// and tk are MaskArgs', softcap ScoreArgs', so the host (TMA box rows,
 // shared memory) and the launcher (kernel instance) decide alike.
-constexpr bool forward_wide(int d, bool causal, int window, bool softcap) {
-  return has_wide_tile(d, softcap) && !causal && window == 0;
+constexpr bool forward_wide(int d, bool causal, int window, int tk, bool softcap) {
+  if (!has_wide_tile(d, softcap) || window != 0) return false;
+  return d == 64 ? tk >= kWideD64MinKeys : !causal;
 }
 
 // The share (in quarters of the n8 blocks) of a tile's P exponentials on

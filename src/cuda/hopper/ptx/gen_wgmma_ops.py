@@ -11,9 +11,9 @@ Usage (from the repository root):
       --assume-filename=src/cuda/hopper/ptx/wgmma_ops.cuh > src/cuda/hopper/ptx/wgmma_ops.cuh
 """
 
-SS_N = (64, 128, 176)  # S = Q K^T: N = key tile (kBlockN; 176: the wide d128 tile)
+SS_N = (64, 128, 176, 192)  # S = Q K^T: N = key tile (kBlockN; 176: the wide d128 tile; 192: d64)
 RS_N = (8, 64, 128, 256)  # O += P V:  N = head dimension; 8: P times a ones tile (row sums)
-RS_K_N = (128,)        # S = Q K^T with Q from registers (kQInRegisters): N = key tile
+RS_K_N = (128, 192)    # S = Q K^T with Q from registers (kQInRegisters): N = key tile
 SS_MN_N = (32, 64)     # backward dQ = dS K: N = d / 2 (one consumer warpgroup's columns)
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
