@@ -78,7 +78,9 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   (docs/hopper.md): without softcap the wide tile gains 4-5% at T8k-T16k
 //   (2% at T4k, where the last tile is mostly padding); with softcap it
 //   loses 2-5% (the MUFU-bound softmax gains nothing from a longer tile and
-//   the consumer is at 238 of 240 registers), hence off.
+//   the consumer is at 238 of 240 registers), hence off. Causal d128 on
+//   the wide tile measured slower up to T4k and within the spread at
+//   T8k-T16k (docs/hopper.md TODO 2), hence non-causal only.
 // - kWideD64: d64 problems without softcap or window and with at least
 //   kWideD64MinKeys keys use ForwardTile<64, true>, 128 x 192
 //   (FlashAttention-3's kBlockN for d64): d64's softmax has as many
