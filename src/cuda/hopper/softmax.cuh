@@ -19,37 +19,11 @@
 
 #include "cuda/flash/mma.cuh"
 #include "cuda/flash/softmax.cuh"
-#include "cuda/hopper/tile_sizes.hpp"
 
 namespace gqattn::hopper {
 
 using RowSoftmax = flash::OnlineSoftmax<1>;
 constexpr int kSoftmaxRows = RowSoftmax::kRows;  // rows g and g + 8
-
-// The maximum of this thread's scores of row half `half` and `start`. With
-// kTreeRowMax (tile_sizes.hpp) as a pairwise tree, log2(kNT) + 2 deep,
-// instead of one chain kNT + 1 deep (ptxas keeps the order it is given);
-// either way the same value, as max is exact.
-template <int kNT>
-__device__ __forceinline__ float thread_row_max(const float (&s)[1][kNT][4], int half,
-                                                float start) {
-  if constexpr (kTreeRowMax) {
-    float v[kNT];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) v[nt] = fmaxf(s[0][nt][2 * half], s[0][nt][2 * half + 1]);
-#pragma unroll
-    for (int stride = 1; stride < kNT; stride *= 2)
-#pragma unroll
-      for (int i = 0; i + stride < kNT; i += 2 * stride) v[i] = fmaxf(v[i], v[i + stride]);
-    return fmaxf(start, v[0]);
-  } else {
-    float mx = start;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-      mx = fmaxf(mx, fmaxf(s[0][nt][2 * half], s[0][nt][2 * half + 1]));
-    return mx;
-  }
-}
 
 // s: this tile's scores (masked to -inf), replaced by p; alpha[r]: the factor
 // that brings O of row r to the new row maximum. kFmaExp2Quarters: the share
@@ -59,7 +33,11 @@ __device__ __forceinline__ void scores_to_p(RowSoftmax& sm, float (&s)[1][kNT][4
                                             float (&alpha)[kSoftmaxRows]) {
 #pragma unroll
   for (int half = 0; half < kSoftmaxRows; ++half) {
-    const float mx = flash::quad_max(thread_row_max(s, half, sm.row_max[half]));
+    float mx = sm.row_max[half];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+      mx = fmaxf(mx, fmaxf(s[0][nt][2 * half], s[0][nt][2 * half + 1]));
+    mx = flash::quad_max(mx);
     const float offset = (mx == -INFINITY ? 0.0f : mx) * sm.mult;
     alpha[half] = flash::fast_exp2(sm.row_max[half] * sm.mult - offset);
     sm.row_max[half] = mx;

@@ -133,19 +133,6 @@ constexpr bool kMulticastKV = false;
 // 660 / 659 / 612 (the spread), window 1024 494 / 487 / 495 / 485, d64 T4k
 // 400 / 399 / 403 / 399. A steady 1-2%, on.
 constexpr bool kQInRegisters = true;
-// kTreeRowMax: each thread's share of a row's maximum (softmax.cuh
-// thread_row_max) as a pairwise tree, 6 FMNMX deep for a 128-key tile,
-// instead of the chain of 17 that ptxas keeps as written; the maximum
-// lies on the critical path from S to the exponentials of every tile with
-// a running maximum (not ScoreMode::softcap_without_row_max). Same values.
-// Measured on the H200 (2026-11-30, fwd TFLOP/s, tree / chain, two
-// interleaved builds each; the 69 forward tests pass with it on): d128
-// causal T1k 414-416 / 419-420, T4k 594 / 595-598, T16k 604-614 / 627-669,
-// non-causal 622 / 564-621, d64 T4k 406-407 / 409-410: no gain, slightly
-// slower where the spread allows a reading (the chain's FMNMX interleave
-// with the other half-row's and the waits anyway). Off: the chain, the
-// kernels as before.
-constexpr bool kTreeRowMax = false;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the wide key tile
 // (only <128, true> and <64, true> exist, used as forward_wide() says).
