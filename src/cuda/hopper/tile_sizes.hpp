@@ -126,7 +126,8 @@ constexpr bool kMulticastKV = false;
 // tensor work at 128 bytes per clock per SM; Q from registers takes 32 KB
 // off that (d64: the same rates, 16 of 112 KB per tile). The cost: d / 4
 // registers per consumer thread (the d128 plain kernel uses 184 of 240, the
-// d64 one 152; softcap 238 and the wide tile 220 have no room).
+// d64 one 152; softcap 238 and the wide d128 tile 220 have no room; the
+// wide d64 tile, added later, uses 218 with Q in registers).
 // Measured on the H200 (2026-11-30, fwd TFLOP/s, one call, on / off / on /
 // off, interleaved builds; the 64 forward tests pass with it on): d128
 // causal T1k 420 / 413 / 421 / 415, T4k 608 / 602 / 614 / 603, T16k 615 /
