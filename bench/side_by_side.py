@@ -17,7 +17,7 @@ fast-but-wrong result is not reported.
 
 usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]
                                     [--rounds N] [--shapes all|core] [--match TEXT]
-                                    [--ours-only] [--ours BACKEND[:nondet],...]
+                                    [--ours-only | --torch-only] [--ours BACKEND[:nondet],...]
 
 --rounds N repeats the whole measurement (ours on every shape, then the
 PyTorch side) N times in the run. The table then gives each backend's median
@@ -262,6 +262,9 @@ def main():
     ap.add_argument("--match", default="",
                     help="only the shapes whose label contains this text, e.g. cap30")
     ap.add_argument("--ours-only", action="store_true")
+    ap.add_argument("--torch-only", action="store_true",
+                    help="only PyTorch's backends (e.g. under a profiler: "
+                         "scripts/h200-cycle profile's torch entries)")
     ap.add_argument("--ours", default="cuda-flash",
                     help="comma-separated gqattn backends to time, e.g. cuda-flash,cuda-hopper; "
                          f"BACKEND:{NONDET} times it with Options::deterministic = false")
@@ -273,11 +276,13 @@ def main():
 
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.ours_only and args.torch_only:
+        ap.error("--ours-only and --torch-only exclude each other")
 
     ours_entries = [parse_ours(e) for e in args.ours.split(",") if e.strip()]
     results = []
-    bench = find_bench(args.bench)
-    if bench is None:
+    bench = None if args.torch_only else find_bench(args.bench)
+    if bench is None and not args.torch_only:
         print("gqattn_bench not found (build it, or pass --bench)", file=sys.stderr)
     for round_index in range(args.rounds):
         if args.rounds > 1:
