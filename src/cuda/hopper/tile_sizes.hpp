@@ -147,10 +147,11 @@ constexpr bool kQInRegisters = true;
 // MUFU, the kernels as before. Measured on the H200 (fwd TFLOP/s, d128
 // causal cap30 B4 T4k, one call, quarters 0 / 1 / 2 / 3): 418 / 421 / 414
 // / 409 (a second build of 2: 414); the forward tests passed with 2 (64 of
-// 64). Each exponential moved costs 8-9 FMA/ALU instructions; by the
-// CUDA guide's MUFU rate the loop is MUFU-bound and should have gained,
-// so either that rate or that reading is wrong (docs/hopper.md TODO 4:
-// the profile that decides it).
+// 64). Each exponential moved costs 8-9 FMA/ALU instructions. The
+// profile (docs/hopper.md TODO 4) shows the MUFU at 68% of its peak there,
+// near but not at its bound; the rest is the dependency chain, which the
+// longer FMA form lengthens. d64 without softcap, quarters 0 / 1 / 2:
+// causal T4k 397 / 389 / 360 (slower throughout).
 // kTwoMufuSoftcapExponents: under ScoreMode::softcap_without_row_max, the
 // exponents in cuda-flash's two-MUFU form (softcap.cuh): fewer
 // instructions, one more MUFU op per score. Measured on the H200 (fwd
@@ -168,18 +169,14 @@ struct ForwardTile<64> {
   static constexpr bool kFastSoftcapAllowed = true;
   static constexpr bool kTwoMufuSoftcapExponents = false;
 };
+// A wide tile is its head dimension's default with a longer key tile (and
+// what that costs in registers): every other property is the default's.
 // 128 x 192 (d64 without softcap or window, Tk >= kWideD64MinKeys): S is 96
 // f32 per consumer thread (m64n192k16), P 48 packed registers, O 32, Q 16;
 // R0-R218 of 240 with Q in registers, no spills.
 template <>
-struct ForwardTile<64, true> {
-  static constexpr int kD = 64, kBlockM = 128, kBlockN = 192, kStages = 2;
-  static constexpr bool kQInRegistersAllowed = true;
-  static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
-  static constexpr bool kPingPongAllowed = true;
-  static constexpr bool kMulticastAllowed = false;  // one column block: nothing to split
-  static constexpr bool kFastSoftcapAllowed = true;
-  static constexpr bool kTwoMufuSoftcapExponents = false;
+struct ForwardTile<64, true> : ForwardTile<64> {
+  static constexpr int kBlockN = 192;
 };
 template <>
 struct ForwardTile<128> {
@@ -192,16 +189,12 @@ struct ForwardTile<128> {
   static constexpr bool kTwoMufuSoftcapExponents = true;
 };
 // 128 x 176: S is 88 f32 per consumer thread (m64n176k16), P 44 packed
-// registers (11 k16 steps of the P V GEMM), O 64.
+// registers (11 k16 steps of the P V GEMM), O 64; at 220 of 240 registers
+// no room for Q (d / 4 more).
 template <>
-struct ForwardTile<128, true> {
-  static constexpr int kD = 128, kBlockM = 128, kBlockN = 176, kStages = 2;
+struct ForwardTile<128, true> : ForwardTile<128> {
+  static constexpr int kBlockN = 176;
   static constexpr bool kQInRegistersAllowed = false;
-  static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
-  static constexpr bool kPingPongAllowed = true;
-  static constexpr bool kMulticastAllowed = true;
-  static constexpr bool kFastSoftcapAllowed = true;
-  static constexpr bool kTwoMufuSoftcapExponents = true;
 };
 template <>
 struct ForwardTile<256> {
