@@ -11,8 +11,10 @@ namespace {
 using gqattn::flash::default_dq_strategy;
 using gqattn::flash::DqStrategy;
 
-TEST(FlashDqDefault, OrderedForD128AndD256SeparateForD64) {
-  EXPECT_EQ(default_dq_strategy(64), DqStrategy::kSeparate);
+TEST(FlashDqDefault, OrderedForEveryHeadDim) {
+  // d64 is separate only on its old 64-query dK/dV tile (tile_sizes.hpp).
+  EXPECT_EQ(default_dq_strategy(64),
+            gqattn::flash::kDkdvD64QueryTile128 ? DqStrategy::kOrdered : DqStrategy::kSeparate);
   EXPECT_EQ(default_dq_strategy(128), DqStrategy::kOrdered);
   EXPECT_EQ(default_dq_strategy(256), DqStrategy::kOrdered);
 }

@@ -72,8 +72,9 @@ struct ForwardTile<256> {
 // warp of the 8 x 1 grid read the whole Q and dO tiles for each of its four
 // products (72 KB per warp, 576 KB per step); the 4 x 2 grid reads 60 KB per
 // warp including the P^T / dS^T round trip (480 KB). dK 64 + dV 64 + S^T 32
-// + dP^T 32 f32 registers per thread. d64 gains nothing from the split
-// (288 KB per step either way) and keeps 8 x 1. Set to false for 8 x 1.
+// + dP^T 32 f32 registers per thread. (d64 on 64-query tiles read 288 KB
+// per step either way; its 128-query tile below is 4 x 2 too.) Set to
+// false for 8 x 1.
 constexpr bool kDkdvD128SplitWarps = true;
 template <int kD>
 struct DkdvTile;
@@ -84,11 +85,26 @@ struct DkdvTile;
 // 24 KB at d128 (d256: 16 instead of 24), FlashAttention-2's dQ layout.
 // d64 reads 12 KB either way and keeps one m16 tile. Set to false for one.
 constexpr bool kFusedDqTwoRowTiles = true;
+// d64: query tiles of 128 on warps 4 (keys, 32 each) x 2 (dK/dV columns, 32
+// each; S^T / dP^T queries, 64 each), FlashAttention-2's d64 shape, instead
+// of 64-query tiles on 8 x 1 warps with P^T, dS^T in registers. Half the
+// steps per key tile, so half the per-step work that is not mma (barriers,
+// loads, lse2 / D, the ordered dQ chain's counters); dK 32 + dV 32 + S^T 64
+// + dP^T 64 f32 registers (255, no spills; softcap 4 bytes). H200, one
+// call, bwd TFLOP/s, 64 x 8x1 / 128 x 8x1 / 128 x 4x2, ordered dQ: causal
+// B4 T4k 209 / 238 / 242, B16 T1k 169 / 191 / 198, B1 T16k 222 / 251 /
+// 258, non-causal 215 / 246 / 249, window 1024 181 / 205 / 209, softcap
+// 30 194 / 206 / 194 (separate dQ, the old default: 218, 182, 231, 225,
+// 188, 181 on the 64 x 8x1 tile). Set to false for 64 x 8x1.
+constexpr bool kDkdvD64QueryTile128 = true;
 template <>
 struct DkdvTile<64> {
-  static constexpr int kBlockN = 128, kBlockM = 64, kWarpsN = 8, kWarpsD = 1;
-  static constexpr int kKeyTilesPerWarp = 1;
-  static constexpr int kDqRowTilesPerWarp = 1;
+  static constexpr int kBlockN = 128;
+  static constexpr int kBlockM = kDkdvD64QueryTile128 ? 128 : 64;
+  static constexpr int kWarpsN = kDkdvD64QueryTile128 ? 4 : 8;
+  static constexpr int kWarpsD = kDkdvD64QueryTile128 ? 2 : 1;
+  static constexpr int kKeyTilesPerWarp = kDkdvD64QueryTile128 ? 2 : 1;
+  static constexpr int kDqRowTilesPerWarp = kDkdvD64QueryTile128 ? 2 : 1;
 };
 template <>
 struct DkdvTile<128> {
@@ -143,17 +159,19 @@ struct DqTile<256> {
 enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 // The deterministic strategy the backend uses when the environment does not
 // choose (GQATTN_FLASH_DQ=ordered|separate|atomic, read by
-// flash_backend.cpp): ordered for d128 and d256, where it measured at least
-// as fast as separate on the H200 (2026-11-30, one call, bwd TFLOP/s
-// ordered vs separate: d128 causal T1k 210 vs 211, T4k 255 vs 252, T16k 271
-// vs 265, non-causal 262 vs 258, w1024 221 vs 219; d256 and d128 softcap
-// were compared only on the earlier kernels, where ordered won: d256 causal
-// 188 vs 176, d256 w4096 cap50 179 vs 174, softcap 30 215 vs 197);
-// separate for d64 (220 vs 209). Not measured with softcap at d64, so the
-// choice depends on d alone. Never kAtomic: with Options::deterministic ==
-// false the backend picks kAtomic itself.
+// flash_backend.cpp): ordered, which measured at least as fast as separate
+// on the H200 for every d (2026-11-30, bwd TFLOP/s ordered vs separate,
+// one call each: d128 causal T1k 210 vs 211, T4k 255 vs 252, T16k 271 vs
+// 265, non-causal 262 vs 258, w1024 221 vs 219; d256 and d128 softcap on
+// the earlier kernels: d256 causal 188 vs 176, d256 w4096 cap50 179 vs 174,
+// softcap 30 215 vs 197; d64 on its 128-query tile, eleventh session:
+// causal T4k 242 vs 228, T1k 198 vs 187, T16k 258 vs 241, non-causal 249
+// vs 234, w1024 209 vs 195, softcap 30 194 vs 163). Separate only for d64
+// on the old 64-query tile (kDkdvD64QueryTile128 false), where it won, 220
+// vs 209. Never kAtomic: with Options::deterministic == false the backend
+// picks kAtomic itself.
 constexpr DqStrategy default_dq_strategy(int d) {
-  return d == 64 ? DqStrategy::kSeparate : DqStrategy::kOrdered;
+  return d == 64 && !kDkdvD64QueryTile128 ? DqStrategy::kSeparate : DqStrategy::kOrdered;
 }
 static_assert(default_dq_strategy(64) != DqStrategy::kAtomic &&
                   default_dq_strategy(128) != DqStrategy::kAtomic &&
