@@ -10,17 +10,32 @@ namespace {
 
 using gqattn::flash::default_dq_strategy;
 using gqattn::flash::DqStrategy;
+using gqattn::flash::kOrderedDqD256MinKeys;
 
-TEST(FlashDqDefault, OrderedForEveryHeadDim) {
-  // d64 is separate only on its old 64-query dK/dV tile (tile_sizes.hpp).
-  EXPECT_EQ(default_dq_strategy(64),
-            gqattn::flash::kDkdvD64QueryTile128 ? DqStrategy::kOrdered : DqStrategy::kSeparate);
-  EXPECT_EQ(default_dq_strategy(128), DqStrategy::kOrdered);
-  EXPECT_EQ(default_dq_strategy(256), DqStrategy::kOrdered);
+TEST(FlashDqDefault, OrderedForD64AndD128) {
+  for (bool causal : {false, true})
+    for (long long tk : {1LL, 1024LL, 16384LL}) {
+      // d64 is separate only on its old 64-query dK/dV tile (tile_sizes.hpp).
+      EXPECT_EQ(default_dq_strategy(64, causal, tk),
+                gqattn::flash::kDkdvD64QueryTile128 ? DqStrategy::kOrdered : DqStrategy::kSeparate);
+      EXPECT_EQ(default_dq_strategy(128, causal, tk), DqStrategy::kOrdered);
+    }
+}
+
+TEST(FlashDqDefault, D256OrderedOnlyForLongCausalProblems) {
+  EXPECT_EQ(default_dq_strategy(256, true, kOrderedDqD256MinKeys), DqStrategy::kOrdered);
+  EXPECT_EQ(default_dq_strategy(256, true, 16384), DqStrategy::kOrdered);
+  EXPECT_EQ(default_dq_strategy(256, true, kOrderedDqD256MinKeys - 1), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(256, true, 1024), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(256, false, kOrderedDqD256MinKeys), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(256, false, 16384), DqStrategy::kSeparate);
 }
 
 TEST(FlashDqDefault, NeverAtomic) {
-  for (int d : {64, 128, 256}) EXPECT_NE(default_dq_strategy(d), DqStrategy::kAtomic);
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true})
+      for (long long tk : {1LL, 4096LL, 65536LL})
+        EXPECT_NE(default_dq_strategy(d, causal, tk), DqStrategy::kAtomic);
 }
 
 }  // namespace

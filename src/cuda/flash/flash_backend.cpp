@@ -103,7 +103,8 @@ flash::DqStrategy dq_strategy(const Problem& problem, bool deterministic) {
   constexpr const char* kVar = "GQATTN_FLASH_DQ";
   const char* env = std::getenv(kVar);
   if (env == nullptr || *env == '\0')
-    return deterministic ? flash::default_dq_strategy(int(problem.d)) : flash::DqStrategy::kAtomic;
+    return deterministic ? flash::default_dq_strategy(int(problem.d), problem.causal, problem.Tk)
+                         : flash::DqStrategy::kAtomic;
   if (std::strcmp(env, "ordered") == 0) return flash::DqStrategy::kOrdered;
   if (std::strcmp(env, "separate") == 0) return flash::DqStrategy::kSeparate;
   if (std::strcmp(env, "atomic") == 0) {

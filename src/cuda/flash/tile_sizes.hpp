@@ -159,23 +159,40 @@ struct DqTile<256> {
 enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 // The deterministic strategy the backend uses when the environment does not
 // choose (GQATTN_FLASH_DQ=ordered|separate|atomic, read by
-// flash_backend.cpp): ordered, which measured at least as fast as separate
-// on the H200 for every d (2026-11-30, bwd TFLOP/s ordered vs separate,
-// one call each: d128 causal T1k 210 vs 211, T4k 255 vs 252, T16k 271 vs
-// 265, non-causal 262 vs 258, w1024 221 vs 219; d256 and d128 softcap on
-// the earlier kernels: d256 causal 188 vs 176, d256 w4096 cap50 179 vs 174,
-// softcap 30 215 vs 197; d64 on its 128-query tile, eleventh session:
-// causal T4k 242 vs 228, T1k 198 vs 187, T16k 258 vs 241, non-causal 249
-// vs 234, w1024 209 vs 195, softcap 30 194 vs 163). Separate only for d64
-// on the old 64-query tile (kDkdvD64QueryTile128 false), where it won, 220
-// vs 209. Never kAtomic: with Options::deterministic == false the backend
-// picks kAtomic itself.
-constexpr DqStrategy default_dq_strategy(int d) {
-  return d == 64 && !kDkdvD64QueryTile128 ? DqStrategy::kSeparate : DqStrategy::kOrdered;
+// flash_backend.cpp). Never kAtomic: with Options::deterministic == false
+// the backend picks kAtomic itself.
+// - d64, d128: ordered, which measured at least as fast as separate on the
+//   H200 (bwd TFLOP/s ordered vs separate, 2026-11-30: d128, eleventh
+//   session: causal T1k 220 vs 213, non-causal T1k 260 vs 246, T4k 270 vs
+//   261, T16k 280 vs 264; fifth session: causal T4k 255 vs 252, T16k 271
+//   vs 265, w1024 221 vs 219; softcap 30 215 vs 197 on earlier kernels;
+//   d64 on its 128-query tile, eleventh session: causal T4k 242 vs
+//   228, T1k 198 vs 187, T16k 258 vs 241, non-causal 249 vs 234, w1024 209
+//   vs 195, softcap 30 194 vs 163). Separate only for d64 on the old
+//   64-query tile (kDkdvD64QueryTile128 false), where it won, 220 vs 209.
+// - d256: ordered only for causal problems with at least
+//   kOrderedDqD256MinKeys keys, separate otherwise. One call, H16/8 unless
+//   noted, ordered / separate / atomic: causal T1k 147 / 172 / 136, T2k 173
+//   / 189 / 177, T4k 211 / 197 / 218, T8k 218 / 203 / 226, T16k 224 / 209
+//   / 232, T8k w4096 cap50 202 / 193 / 213; non-causal T1k 159 / 187 /
+//   151, T2k 163 / 195 / 174, T4k 171 / 199 / 221, T8k 193 / 203 / 225,
+//   T16k 209 / 204 / 229, T4k H16/16 165 / 198 / 167, T4k H16/4 212 / 199
+//   / 222. Atomic keeps up where ordered falls behind (except at one query
+//   head per kv head), so the ordering, not the adds, is what costs there;
+//   why only at d256 (64-key tiles: twice the key tiles per query tile of
+//   d128, and a 64 KB dQ partial per step) is not yet understood. The rule
+//   misses two measured cases: non-causal T16k (2% slower than ordered)
+//   and non-causal with 4 query heads per kv head (6%).
+constexpr int kOrderedDqD256MinKeys = 4096;
+constexpr DqStrategy default_dq_strategy(int d, bool causal, long long tk) {
+  if (d == 64 && !kDkdvD64QueryTile128) return DqStrategy::kSeparate;
+  if (d == 256 && !(causal && tk >= kOrderedDqD256MinKeys)) return DqStrategy::kSeparate;
+  return DqStrategy::kOrdered;
 }
-static_assert(default_dq_strategy(64) != DqStrategy::kAtomic &&
-                  default_dq_strategy(128) != DqStrategy::kAtomic &&
-                  default_dq_strategy(256) != DqStrategy::kAtomic,
+static_assert(default_dq_strategy(64, true, 4096) != DqStrategy::kAtomic &&
+                  default_dq_strategy(128, true, 4096) != DqStrategy::kAtomic &&
+                  default_dq_strategy(256, true, 4096) != DqStrategy::kAtomic &&
+                  default_dq_strategy(256, false, 1024) != DqStrategy::kAtomic,
               "the default must be deterministic");
 
 // Fused (ordered or atomic) dQ: warps of the dK/dV kernel form a
