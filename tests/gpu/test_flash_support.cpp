@@ -1,7 +1,8 @@
 // cuda-flash's refusals and their messages: unsupported head dims and dtypes
 // (host-only, no device needed), Auto preferring cuda-flash where it runs,
 // misaligned tensors getting an Error that names the argument before
-// anything is written, and the dQ strategy switch GQATTN_FLASH_DQ refusing
+// anything is written, the dK/dV tile switch GQATTN_FLASH_DKDV_TILE refusing
+// an unknown value, and the dQ strategy switch GQATTN_FLASH_DQ refusing
 // atomic dQ for a deterministic call and unknown values (needs a device;
 // skips without one).
 #include <gtest/gtest.h>
@@ -153,6 +154,16 @@ TEST(FlashSupport, UnknownDqStrategyNamesTheSwitch) {
   const gqattn::Error e = backward_error("atomc", /*deterministic=*/false);
   EXPECT_EQ(e.argument(), "GQATTN_FLASH_DQ = 'atomc'") << e.what();
   EXPECT_NE(e.rule().find("must be ordered, separate or atomic"), std::string::npos) << e.what();
+}
+
+TEST(FlashSupport, UnknownDkdvTileNamesTheSwitch) {
+  const gqattn::Explanation why =
+      gqattn::explain(small_problem(64), DType::bf16, Device::cuda, Backend::CudaFlash);
+  if (!why.supported) GTEST_SKIP() << why.reason;
+  const gqattn::Error e = gqattn::test::backward_switch_error(
+      small_problem(64), Backend::CudaFlash, "GQATTN_FLASH_DKDV_TILE", "smal", true);
+  EXPECT_EQ(e.argument(), "GQATTN_FLASH_DKDV_TILE = 'smal'") << e.what();
+  EXPECT_NE(e.rule().find("must be small or default"), std::string::npos) << e.what();
 }
 
 #else

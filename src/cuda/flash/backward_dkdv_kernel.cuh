@@ -133,10 +133,12 @@ __device__ __forceinline__ void gemm_ss_nt(float (&c)[kMT][kNT][4], uint32_t a_t
   }
 }
 
-template <int kD, typename Elem, bool kSoftcap, bool kFusedDq = false>
-__global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* kWarpSize)
+// kSmallSmem: DkdvTile<kD, true>, for devices with less shared memory.
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq = false, bool kSmallSmem = false>
+__global__ void __launch_bounds__(
+    DkdvTile<kD, kSmallSmem>::kWarpsN* DkdvTile<kD, kSmallSmem>::kWarpsD* kWarpSize)
     backward_dkdv_kernel(const BackwardParams p) {
-  using Tile = DkdvTile<kD>;
+  using Tile = DkdvTile<kD, kSmallSmem>;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kWarpsD = Tile::kWarpsD;
@@ -181,7 +183,7 @@ __global__ void __launch_bounds__(DkdvTile<kD>::kWarpsN* DkdvTile<kD>::kWarpsD* 
   // P^T (kWarpsD > 1), then dS^T (kWarpsD > 1 or fused dQ).
   const uint32_t s_p = s_q0 + kQueryStages * kStageBytes;
   const uint32_t s_ds = s_p + (kWarpsD > 1 ? PTile::kBytes : 0);
-  constexpr uint32_t kPBytes = dkdv_p_tiles<kD, kFusedDq>() * PTile::kBytes;
+  constexpr uint32_t kPBytes = dkdv_p_tiles<kD, kFusedDq, kSmallSmem>() * PTile::kBytes;
   float* const rows_f =
       reinterpret_cast<float*>(smem + 2 * KVTile::kBytes + kQueryStages * kStageBytes + kPBytes);
   // rows_f: stage s: lse2 at rows_f[2 s kBM], D at rows_f[(2 s + 1) kBM]

@@ -19,12 +19,14 @@
 
 namespace gqattn::flash {
 
-template <int kD, typename Elem>
+// kRowsPerCounter: the kBlockM of the dK/dV tile that ran (one counter per
+// query tile of it).
+template <int kD, typename Elem, int kRowsPerCounter>
 __global__ void __launch_bounds__(kDqPostThreads)
     backward_dq_postprocess_kernel(const BackwardParams p) {
   static_assert(kDqPostElemsPerThread == kElemsPerChunk, "one 16-byte chunk per thread");
   constexpr int kChunks = kD / kElemsPerChunk;  // per row
-  constexpr int kBM = DkdvTile<kD>::kBlockM;    // rows per counter
+  constexpr int kBM = kRowsPerCounter;
   const int64_t gid = int64_t(blockIdx.x) * kDqPostThreads + threadIdx.x;
   const int64_t row = gid / kChunks;  // over [B*H, tq_padded]
   const int chunk = int(gid % kChunks);

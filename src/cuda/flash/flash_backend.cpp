@@ -65,12 +65,30 @@ using flash::ElemType;
 constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 constexpr std::size_t kLoadBytes = 16;  // cp.async chunk
 
+// Shared memory per block every kernel of d fits in (with the
+// small-shared-memory dK/dV tile where d has one).
 std::size_t smem_needed(int64_t d) {
   switch (d) {
-    case 64: return flash::max_smem_bytes<64>();
-    case 128: return flash::max_smem_bytes<128>();
-    default: return flash::max_smem_bytes<256>();
+    case 64: return flash::min_smem_bytes<64>();
+    case 128: return flash::min_smem_bytes<128>();
+    default: return flash::min_smem_bytes<256>();
   }
+}
+
+// Whether the backward of d takes the small-shared-memory dK/dV tile: where
+// d has one and the device's shared memory per block is below the default
+// tile's need; GQATTN_FLASH_DKDV_TILE=small forces it where d has one (a
+// testing switch, so that a device with enough shared memory runs it too),
+// =default is the same as unset, and any other value throws.
+bool small_smem_dkdv_tile(int64_t d) {
+  constexpr const char* kVar = "GQATTN_FLASH_DKDV_TILE";
+  const char* env = std::getenv(kVar);
+  if (env != nullptr && std::strcmp(env, "small") == 0)
+    return flash::has_small_smem_dkdv_tile(int(d));
+  if (env != nullptr && *env != '\0' && std::strcmp(env, "default") != 0)
+    throw Error(std::string(kVar) + " = '" + env + "'", "must be small or default (or unset)");
+  return flash::use_small_smem_dkdv_tile(
+      int(d), cuda::current_device_properties().max_shared_per_block_optin);
 }
 
 // "" when t's data pointer and the strides of every dimension that is
@@ -95,15 +113,17 @@ std::string why_not_resident(const TensorRef& t, const char* name) {
 // The dQ strategy of this call. GQATTN_FLASH_DQ=ordered|separate|atomic
 // when set (lets tests and benchmarks compare them); else, with
 // Options::deterministic (the default) the faster deterministic one for
-// this problem (flash::default_dq_strategy), without it the fastest, atomic.
+// this problem and dK/dV tile (flash::default_dq_strategy), without it the
+// fastest, atomic.
 // Atomic is never run for a call that asked for deterministic results:
 // GQATTN_FLASH_DQ=atomic then throws, as does an unknown value (a typo must
 // not silently measure something else).
-flash::DqStrategy dq_strategy(const Problem& problem, bool deterministic) {
+flash::DqStrategy dq_strategy(const Problem& problem, bool deterministic, bool small_dkdv_tile) {
   constexpr const char* kVar = "GQATTN_FLASH_DQ";
   const char* env = std::getenv(kVar);
   if (env == nullptr || *env == '\0')
-    return deterministic ? flash::default_dq_strategy(int(problem.d), problem.causal, problem.Tk)
+    return deterministic ? flash::default_dq_strategy(int(problem.d), problem.causal, problem.Tk,
+                                                      small_dkdv_tile)
                          : flash::DqStrategy::kAtomic;
   if (std::strcmp(env, "ordered") == 0) return flash::DqStrategy::kOrdered;
   if (std::strcmp(env, "separate") == 0) return flash::DqStrategy::kSeparate;
@@ -184,8 +204,10 @@ class CudaFlashBackend final : public BackendImpl {
     flash::BackwardParams p = flash::backward_params(a);
     const int64_t padded = p.tq_padded;
 
-    // Before anything is allocated or written: may throw (see dq_strategy).
-    const flash::DqStrategy strategy = dq_strategy(a.problem, a.options.deterministic);
+    // Before anything is allocated or written: may throw (see
+    // small_smem_dkdv_tile and dq_strategy).
+    const bool small_tile = small_smem_dkdv_tile(a.problem.d);
+    const flash::DqStrategy strategy = dq_strategy(a.problem, a.options.deterministic, small_tile);
     const bool ordered = strategy == flash::DqStrategy::kOrdered;
     const bool fused = ordered || strategy == flash::DqStrategy::kAtomic;
 
@@ -207,9 +229,9 @@ class CudaFlashBackend final : public BackendImpl {
     if (ordered) p.dq_counters = reinterpret_cast<int*>(p.dq_accum + accum);
     const ElemType elem = elem_type(a.q.dtype);
     switch (a.problem.d) {
-      case 64: flash::launch_backward<64>(p, elem, a.options.stream); break;
-      case 128: flash::launch_backward<128>(p, elem, a.options.stream); break;
-      default: flash::launch_backward<256>(p, elem, a.options.stream); break;
+      case 64: flash::launch_backward<64>(p, elem, small_tile, a.options.stream); break;
+      case 128: flash::launch_backward<128>(p, elem, small_tile, a.options.stream); break;
+      default: flash::launch_backward<256>(p, elem, small_tile, a.options.stream); break;
     }
   }
 };

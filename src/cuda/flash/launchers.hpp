@@ -16,15 +16,18 @@ void launch_forward(const ForwardParams& params, ElemType elem, void* stream);
 
 // dq, dk, dv; params.lse2 / dsum must point at a workspace of
 // 2 * B * H * tq_padded floats' worth (see BackwardParams).
+// small_smem_dkdv_tile: use_small_smem_dkdv_tile (tile_sizes.hpp) for this
+// device, or the test switch; ignored for a d without such a tile.
 template <int kD>
-void launch_backward(const BackwardParams& params, ElemType elem, void* stream);
+void launch_backward(const BackwardParams& params, ElemType elem, bool small_smem_dkdv_tile,
+                     void* stream);
 
 extern template void launch_forward<64>(const ForwardParams&, ElemType, void*);
 extern template void launch_forward<128>(const ForwardParams&, ElemType, void*);
 extern template void launch_forward<256>(const ForwardParams&, ElemType, void*);
-extern template void launch_backward<64>(const BackwardParams&, ElemType, void*);
-extern template void launch_backward<128>(const BackwardParams&, ElemType, void*);
-extern template void launch_backward<256>(const BackwardParams&, ElemType, void*);
+extern template void launch_backward<64>(const BackwardParams&, ElemType, bool, void*);
+extern template void launch_backward<128>(const BackwardParams&, ElemType, bool, void*);
+extern template void launch_backward<256>(const BackwardParams&, ElemType, bool, void*);
 
 // Grid sizes the launchers use (the backend checks them against the limits).
 int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq);

@@ -76,7 +76,10 @@ struct ForwardTile<256> {
 // per step either way; its 128-query tile below is 4 x 2 too.) Set to
 // false for 8 x 1.
 constexpr bool kDkdvD128SplitWarps = true;
-template <int kD>
+// kSmallSmem: the tile for devices whose shared memory per block is too
+// small for the default one (use_small_smem_dkdv_tile, below); only d64 has
+// one.
+template <int kD, bool kSmallSmem = false>
 struct DkdvTile;
 // Fused (ordered or atomic) dQ partial dS K in the dK/dV kernel, d128 and
 // d256: warps 2 (queries, 32 each: two m16 tiles) x 4 (columns) instead of
@@ -95,8 +98,17 @@ constexpr bool kFusedDqTwoRowTiles = true;
 // B4 T4k 209 / 238 / 242, B16 T1k 169 / 191 / 198, B1 T16k 222 / 251 /
 // 258, non-causal 215 / 246 / 249, window 1024 181 / 205 / 209, softcap
 // 30 194 / 206 / 194 (separate dQ, the old default: 218, 182, 231, 225,
-// 188, 181 on the 64 x 8x1 tile). Set to false for 64 x 8x1.
+// 188, 181 on the 64 x 8x1 tile). It needs 162 KB of shared memory per
+// block (sm80 allows 163, sm86 and sm89 99): where it does not fit, the
+// 64-query tile (DkdvTile<64, true>, 81 KB) runs instead. Set to false for
+// 64 x 8x1 everywhere.
 constexpr bool kDkdvD64QueryTile128 = true;
+template <>
+struct DkdvTile<64, true> {
+  static constexpr int kBlockN = 128, kBlockM = 64, kWarpsN = 8, kWarpsD = 1;
+  static constexpr int kKeyTilesPerWarp = 1;
+  static constexpr int kDqRowTilesPerWarp = 1;
+};
 template <>
 struct DkdvTile<64> {
   static constexpr int kBlockN = 128;
@@ -168,8 +180,9 @@ enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 //   vs 265, w1024 221 vs 219; softcap 30 215 vs 197 on earlier kernels;
 //   d64 on its 128-query tile, eleventh session: causal T4k 242 vs
 //   228, T1k 198 vs 187, T16k 258 vs 241, non-causal 249 vs 234, w1024 209
-//   vs 195, softcap 30 194 vs 163). Separate only for d64 on the old
-//   64-query tile (kDkdvD64QueryTile128 false), where it won, 220 vs 209.
+//   vs 195, softcap 30 194 vs 163). Separate for d64 on the 64-query tile
+//   (small_smem_dkdv_tile, or kDkdvD64QueryTile128 false), where it won,
+//   220 vs 209.
 // - d256: ordered only for causal problems with at least
 //   kOrderedDqD256MinKeys keys, separate otherwise. One call, H16/8 unless
 //   noted, ordered / separate / atomic: causal T1k 147 / 172 / 136, T2k 173
@@ -184,8 +197,9 @@ enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 //   misses two measured cases: non-causal T16k (2% slower than ordered)
 //   and non-causal with 4 query heads per kv head (6%).
 constexpr int kOrderedDqD256MinKeys = 4096;
-constexpr DqStrategy default_dq_strategy(int d, bool causal, long long tk) {
-  if (d == 64 && !kDkdvD64QueryTile128) return DqStrategy::kSeparate;
+constexpr DqStrategy default_dq_strategy(int d, bool causal, long long tk,
+                                         bool small_smem_dkdv_tile = false) {
+  if (d == 64 && (small_smem_dkdv_tile || !kDkdvD64QueryTile128)) return DqStrategy::kSeparate;
   if (d == 256 && !(causal && tk >= kOrderedDqD256MinKeys)) return DqStrategy::kSeparate;
   return DqStrategy::kOrdered;
 }
@@ -218,19 +232,25 @@ constexpr std::size_t forward_smem_bytes() {
 // Tiles of kBlockN x kBlockM 16-bit values the dK/dV kernel keeps in shared
 // memory: P^T and dS^T when kWarpsD > 1; else dS^T alone for fused
 // (ordered or atomic) dQ.
-template <int kD, bool kFusedDq>
+template <int kD, bool kFusedDq, bool kSmallSmem = false>
 constexpr int dkdv_p_tiles() {
-  return DkdvTile<kD>::kWarpsD > 1 ? 2 : (kFusedDq ? 1 : 0);
+  return DkdvTile<kD, kSmallSmem>::kWarpsD > 1 ? 2 : (kFusedDq ? 1 : 0);
 }
-template <int kD, bool kFusedDq = false>
+template <int kD, bool kFusedDq = false, bool kSmallSmem = false>
 constexpr std::size_t dkdv_smem_bytes() {
-  using T = DkdvTile<kD>;
+  using T = DkdvTile<kD, kSmallSmem>;
   const std::size_t kv = std::size_t(2) * T::kBlockN * kD * kElemBytes;
   const std::size_t q_do = std::size_t(kQueryStages) * 2 * T::kBlockM * kD * kElemBytes;
   const std::size_t p_ds =
-      std::size_t(dkdv_p_tiles<kD, kFusedDq>()) * T::kBlockN * T::kBlockM * kElemBytes;
+      std::size_t(dkdv_p_tiles<kD, kFusedDq, kSmallSmem>()) * T::kBlockN * T::kBlockM * kElemBytes;
   const std::size_t rows = std::size_t(kQueryStages) * 2 * T::kBlockM * sizeof(float);
   return kv + q_do + p_ds + rows;
+}
+// Both dK/dV kernels of a tile (separate and fused dQ).
+template <int kD, bool kSmallSmem = false>
+constexpr std::size_t dkdv_max_smem_bytes() {
+  return std::max(dkdv_smem_bytes<kD, false, kSmallSmem>(),
+                  dkdv_smem_bytes<kD, true, kSmallSmem>());
 }
 template <int kD>
 constexpr std::size_t dq_smem_bytes() {
@@ -238,10 +258,24 @@ constexpr std::size_t dq_smem_bytes() {
   return std::size_t(2) * T::kBlockM * kD * kElemBytes +
          std::size_t(kKeyStages) * 2 * T::kBlockN * kD * kElemBytes;
 }
+
+static_assert(DkdvTile<64, true>::kBlockN == DkdvTile<64>::kBlockN,
+              "dkdv_blocks: both d64 dK/dV tiles have the same key tile");
+// Whether head dimension d has a dK/dV tile for smaller shared memory.
+constexpr bool has_small_smem_dkdv_tile(int d) { return d == 64 && kDkdvD64QueryTile128; }
+// Whether the backward runs d's small-shared-memory dK/dV tile on a device
+// that allows optin_smem bytes per block: where there is one and the
+// default tile does not fit.
+constexpr bool use_small_smem_dkdv_tile(int d, std::size_t optin_smem) {
+  return has_small_smem_dkdv_tile(d) && optin_smem < dkdv_max_smem_bytes<64>();
+}
+// The shared memory per block cuda-flash needs for head dimension kD: every
+// kernel, with the small dK/dV tile where there is one.
 template <int kD>
-constexpr std::size_t max_smem_bytes() {
-  return std::max({forward_smem_bytes<kD>(), dkdv_smem_bytes<kD, false>(),
-                   dkdv_smem_bytes<kD, true>(), dq_smem_bytes<kD>()});
+constexpr std::size_t min_smem_bytes() {
+  std::size_t dkdv = dkdv_max_smem_bytes<kD>();
+  if constexpr (has_small_smem_dkdv_tile(kD)) dkdv = dkdv_max_smem_bytes<kD, true>();
+  return std::max({forward_smem_bytes<kD>(), dkdv, dq_smem_bytes<kD>()});
 }
 
 // The preprocessing kernel: kPreprocessLanesPerRow lanes share one row's
