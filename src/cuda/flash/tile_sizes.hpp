@@ -1,7 +1,9 @@
 // cuda-flash: tile shapes per head dimension for the three kernels, and the
-// shared memory each needs (the backend's why_not compares the largest with
-// the device's opt-in limit). Plain C++ so the host side can use it; the
-// kernels static_assert the shapes they rely on. Checked by compiling and by
+// shared memory each needs (the backend's why_not compares min_smem_bytes,
+// with d64's small-shared-memory dK/dV tile, with the device's opt-in
+// limit). Plain C++ so the host side can use it; the kernels static_assert
+// the shapes they rely on. Checked by compiling, by
+// tests/cpu/test_flash_tile_choice.cpp and test_flash_dq_default.cpp, and by
 // the kernels' tests (tests/gpu/test_flash_*.cpp cover d 64, 128, 256).
 //
 // Choices (FlashAttention-2's shapes, adjusted to keep every accumulator in
@@ -191,9 +193,10 @@ enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 //   151, T2k 163 / 195 / 174, T4k 171 / 199 / 221, T8k 193 / 203 / 225,
 //   T16k 209 / 204 / 229, T4k H16/16 165 / 198 / 167, T4k H16/4 212 / 199
 //   / 222. Atomic keeps up where ordered falls behind (except at one query
-//   head per kv head), so the ordering, not the adds, is what costs there;
-//   why only at d256 (64-key tiles: twice the key tiles per query tile of
-//   d128, and a 64 KB dQ partial per step) is not yet understood. The rule
+//   head per kv head), so the ordering, not the adds, is what costs there:
+//   timed per CTA, mostly the release fence before each signal, 22-32% of
+//   a CTA's time at d256 non-causal T4k once the accumulator no longer
+//   stays in L2 (docs/flash.md, "The ordered dQ's fence, timed"). The rule
 //   misses two measured cases: non-causal T16k (2% slower than ordered)
 //   and non-causal with 4 query heads per kv head (6%).
 constexpr int kOrderedDqD256MinKeys = 4096;
