@@ -1,5 +1,5 @@
 // cuda-flash's choice of dK/dV tile by the device's shared memory per block
-// (tile_sizes.hpp: use_small_smem_dkdv_tile, min_smem_bytes): plain C++, so
+// (tile_sizes.hpp: use_small_smem_dkdv_tile, backward_min_smem_bytes): plain C++, so
 // checked here without a GPU. d64's default 128-query tile needs 162 KB,
 // which an A100 (163 KB) has and sm86 / sm89 GPUs (99 KB) do not; there the
 // 64-query tile runs. The GPU tests run the small tile on the H200 through
@@ -40,9 +40,21 @@ TEST(FlashTileChoice, TheSmallTileFitsWhereTheDefaultDoesNot) {
   EXPECT_GT(dkdv_max_smem_bytes<64>(), kSm86OptinSmem);
   EXPECT_LE(dkdv_max_smem_bytes<64>(), kSm80OptinSmem);
   EXPECT_LE((dkdv_max_smem_bytes<64, true>()), kSm86OptinSmem);
-  // What the backend asks of a device for d64: every kernel with the small tile.
-  EXPECT_LE(min_smem_bytes<64>(), kSm86OptinSmem);
+  // What the backend asks of a device for d64's backward: every backward
+  // kernel with the small tile.
+  EXPECT_LE(backward_min_smem_bytes<64>(), kSm86OptinSmem);
   EXPECT_EQ((DkdvTile<64, true>::kBlockM), 64);
+}
+
+// The forward needs less than the backward at every d, and fits the sm86 /
+// sm89 limit at every d (so a forward runs there even where the backward
+// does not: d128, d256, as of this writing).
+TEST(FlashTileChoice, TheForwardNeedsLessThanTheBackward) {
+  EXPECT_LE(forward_smem_bytes<64>(), backward_min_smem_bytes<64>());
+  EXPECT_LE(forward_smem_bytes<128>(), backward_min_smem_bytes<128>());
+  EXPECT_LE(forward_smem_bytes<256>(), backward_min_smem_bytes<256>());
+  EXPECT_LE(forward_smem_bytes<128>(), kSm86OptinSmem);
+  EXPECT_LE(forward_smem_bytes<256>(), kSm86OptinSmem);
 }
 
 TEST(FlashTileChoice, D64OnTheSmallTileDefaultsToTheSeparateDq) {

@@ -65,14 +65,26 @@ using flash::ElemType;
 constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 constexpr std::size_t kLoadBytes = 16;  // cp.async chunk
 
-// Shared memory per block every kernel of d fits in (with the
-// small-shared-memory dK/dV tile where d has one).
-std::size_t smem_needed(int64_t d) {
+// Shared memory per block each pass's kernels of d fit in (the backward
+// with the small-shared-memory dK/dV tile where d has one).
+std::size_t smem_needed(int64_t d, Pass pass) {
+  const bool fwd = pass == Pass::forward;
   switch (d) {
-    case 64: return flash::min_smem_bytes<64>();
-    case 128: return flash::min_smem_bytes<128>();
-    default: return flash::min_smem_bytes<256>();
+    case 64: return fwd ? flash::forward_smem_bytes<64>() : flash::backward_min_smem_bytes<64>();
+    case 128: return fwd ? flash::forward_smem_bytes<128>() : flash::backward_min_smem_bytes<128>();
+    default: return fwd ? flash::forward_smem_bytes<256>() : flash::backward_min_smem_bytes<256>();
   }
+}
+
+// "" when the device allows the shared memory per block that `pass` needs.
+std::string why_too_little_smem(int64_t d, Pass pass) {
+  const std::size_t need = smem_needed(d, pass);
+  const std::size_t have = cuda::current_device_properties().max_shared_per_block_optin;
+  if (need <= have) return "";
+  return std::string("not supported: cuda-flash's ") +
+         (pass == Pass::forward ? "forward" : "backward") + " at d=" + std::to_string(d) +
+         " needs " + std::to_string(need / 1024) +
+         " KB of shared memory per block, the device allows " + std::to_string(have / 1024) + " KB";
 }
 
 // Whether the backward of d takes the small-shared-memory dK/dV tile: where
@@ -144,27 +156,35 @@ class CudaFlashBackend final : public BackendImpl {
  public:
   Backend id() const override { return Backend::CudaFlash; }
 
+  // The forward: its own grid and shared memory, so a forward runs on a
+  // device too small for the backward's kernels (sm86 / sm89 at d128, d256).
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
     const std::string shared = flash::why_not_fused_problem("cuda-flash", p, dtype, device);
     if (!shared.empty()) return shared;
-    const int d = int(p.d);
-    const int64_t grid =
-        std::max({flash::forward_blocks(d, p.B, p.H, p.Tq), flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk),
-                  flash::dq_blocks(d, p.B, p.H, p.Tq),
-                  flash::preprocess_blocks(p.B, p.H, flash::tq_padded(p.Tq)),
-                  flash::dq_postprocess_blocks(d, p.B, p.H, flash::tq_padded(p.Tq))});
+    const int64_t grid = flash::forward_blocks(int(p.d), p.B, p.H, p.Tq);
     if (grid > kMaxGridX)
       return "not supported: cuda-flash needs at most 2^31-1 thread blocks (B*H*Tq too large: " +
              std::to_string(grid) + " blocks)";
     const std::string device_reason = cuda::why_no_device(8, 0);
     if (!device_reason.empty()) return device_reason;
-    const std::size_t need = smem_needed(p.d);
-    const std::size_t have = cuda::current_device_properties().max_shared_per_block_optin;
-    if (need > have)
-      return "not supported: cuda-flash d=" + std::to_string(p.d) + " needs " +
-             std::to_string(need / 1024) + " KB of shared memory per block, the device allows " +
-             std::to_string(have / 1024) + " KB";
-    return "";
+    return why_too_little_smem(p.d, Pass::forward);
+  }
+
+  // The backward: the forward's conditions, then its own kernels' grids and
+  // shared memory.
+  std::string why_not_backward(const Problem& p, DType dtype, Device device) const override {
+    const std::string forward_reason = why_not(p, dtype, device);
+    if (!forward_reason.empty()) return forward_reason;
+    const int d = int(p.d);
+    const int64_t grid =
+        std::max({flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk), flash::dq_blocks(d, p.B, p.H, p.Tq),
+                  flash::preprocess_blocks(p.B, p.H, flash::tq_padded(p.Tq)),
+                  flash::dq_postprocess_blocks(d, p.B, p.H, flash::tq_padded(p.Tq))});
+    if (grid > kMaxGridX)
+      return "not supported: cuda-flash's backward needs at most 2^31-1 thread blocks "
+             "(B*H*Tq too large: " +
+             std::to_string(grid) + " blocks)";
+    return why_too_little_smem(p.d, Pass::backward);
   }
 
   std::string why_not_tensor(const TensorRef& t, const char* name, Pass) const override {

@@ -1,8 +1,8 @@
 // cuda-flash: tile shapes per head dimension for the three kernels, and the
-// shared memory each needs (the backend's why_not compares min_smem_bytes,
-// with d64's small-shared-memory dK/dV tile, with the device's opt-in
-// limit). Plain C++ so the host side can use it; the kernels static_assert
-// the shapes they rely on. Checked by compiling, by
+// shared memory each needs (the backend compares forward_smem_bytes and
+// backward_min_smem_bytes, with d64's small-shared-memory dK/dV tile, with
+// the device's opt-in limit, per pass). Plain C++ so the host side can use it; the kernels
+// static_assert the shapes they rely on. Checked by compiling, by
 // tests/cpu/test_flash_tile_choice.cpp and test_flash_dq_default.cpp, and by
 // the kernels' tests (tests/gpu/test_flash_*.cpp cover d 64, 128, 256).
 //
@@ -272,13 +272,14 @@ constexpr bool has_small_smem_dkdv_tile(int d) { return d == 64 && kDkdvD64Query
 constexpr bool use_small_smem_dkdv_tile(int d, std::size_t optin_smem) {
   return has_small_smem_dkdv_tile(d) && optin_smem < dkdv_max_smem_bytes<64>();
 }
-// The shared memory per block cuda-flash needs for head dimension kD: every
-// kernel, with the small dK/dV tile where there is one.
+// The shared memory per block cuda-flash's backward needs for head
+// dimension kD: every backward kernel, with the small dK/dV tile where there
+// is one (the forward needs forward_smem_bytes, which is less).
 template <int kD>
-constexpr std::size_t min_smem_bytes() {
+constexpr std::size_t backward_min_smem_bytes() {
   std::size_t dkdv = dkdv_max_smem_bytes<kD>();
   if constexpr (has_small_smem_dkdv_tile(kD)) dkdv = dkdv_max_smem_bytes<kD, true>();
-  return std::max({forward_smem_bytes<kD>(), dkdv, dq_smem_bytes<kD>()});
+  return std::max(dkdv, dq_smem_bytes<kD>());
 }
 
 // The preprocessing kernel: kPreprocessLanesPerRow lanes share one row's
