@@ -1,9 +1,11 @@
 // cuda-flash's choice of dK/dV tile by the device's shared memory per block
-// (tile_sizes.hpp: use_small_smem_dkdv_tile, backward_min_smem_bytes): plain C++, so
-// checked here without a GPU. d64's default 128-query tile needs 162 KB,
-// which an A100 (163 KB) has and sm86 / sm89 GPUs (99 KB) do not; there the
-// 64-query tile runs. The GPU tests run the small tile on the H200 through
-// GQATTN_FLASH_DKDV_TILE=small (tests/gpu/test_flash_correctness.cpp).
+// (tile_sizes.hpp: use_small_smem_dkdv_tile, backward_min_smem_bytes): plain
+// C++, so checked here without a GPU. The default tiles need 162 KB (d64),
+// 161 KB (d128) and 209 KB (d256); an A100 allows 163 KB, sm86 / sm89 GPUs
+// 99 KB, an H100 / H200 227 KB. Where the default does not fit, the small
+// tile runs: d64 and d128 then fit sm86 / sm89, d256 fits sm80 only. The GPU
+// tests run the small tiles on the H200 through GQATTN_FLASH_DKDV_TILE=small
+// (tests/gpu/test_flash_correctness.cpp).
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -28,27 +30,60 @@ TEST(FlashTileChoice, D64TakesTheSmallTileOnlyWhereTheDefaultDoesNotFit) {
   EXPECT_TRUE(use_small_smem_dkdv_tile(64, dkdv_max_smem_bytes<64>() - 1));
 }
 
-TEST(FlashTileChoice, OnlyD64HasASmallTile) {
-  for (std::size_t smem : {kSm86OptinSmem, kSm80OptinSmem, kSm90OptinSmem}) {
-    EXPECT_FALSE(use_small_smem_dkdv_tile(128, smem));
-    EXPECT_FALSE(use_small_smem_dkdv_tile(256, smem));
-  }
+TEST(FlashTileChoice, D128TakesTheSmallTileOnSm86Only) {
+  EXPECT_TRUE(use_small_smem_dkdv_tile(128, kSm86OptinSmem));
+  EXPECT_FALSE(use_small_smem_dkdv_tile(128, kSm80OptinSmem));
+  EXPECT_FALSE(use_small_smem_dkdv_tile(128, kSm90OptinSmem));
+  EXPECT_TRUE(use_small_smem_dkdv_tile(128, dkdv_max_smem_bytes<128>() - 1));
 }
 
-TEST(FlashTileChoice, TheSmallTileFitsWhereTheDefaultDoesNot) {
-  if (!has_small_smem_dkdv_tile(64)) GTEST_SKIP() << "kDkdvD64QueryTile128 is off";
-  EXPECT_GT(dkdv_max_smem_bytes<64>(), kSm86OptinSmem);
-  EXPECT_LE(dkdv_max_smem_bytes<64>(), kSm80OptinSmem);
-  EXPECT_LE((dkdv_max_smem_bytes<64, true>()), kSm86OptinSmem);
-  // What the backend asks of a device for d64's backward: every backward
-  // kernel with the small tile.
+TEST(FlashTileChoice, D256TakesTheSmallTileBelowSm90) {
+  EXPECT_TRUE(use_small_smem_dkdv_tile(256, kSm86OptinSmem));
+  EXPECT_TRUE(use_small_smem_dkdv_tile(256, kSm80OptinSmem));
+  EXPECT_FALSE(use_small_smem_dkdv_tile(256, kSm90OptinSmem));
+  EXPECT_FALSE(use_small_smem_dkdv_tile(256, dkdv_max_smem_bytes<256>()));
+}
+
+TEST(FlashTileChoice, TheSmallTilesFitWhereTheDefaultsDoNot) {
+  if (has_small_smem_dkdv_tile(64)) {
+    EXPECT_GT(dkdv_max_smem_bytes<64>(), kSm86OptinSmem);
+    EXPECT_LE(dkdv_max_smem_bytes<64>(), kSm80OptinSmem);
+    EXPECT_LE((dkdv_max_smem_bytes<64, true>()), kSm86OptinSmem);
+    EXPECT_EQ((DkdvTile<64, true>::kBlockM), 64);
+  }
+  EXPECT_GT(dkdv_max_smem_bytes<128>(), kSm86OptinSmem);
+  EXPECT_LE(dkdv_max_smem_bytes<128>(), kSm80OptinSmem);
+  EXPECT_LE((dkdv_max_smem_bytes<128, true>()), kSm86OptinSmem);
+  EXPECT_GT(dkdv_max_smem_bytes<256>(), kSm80OptinSmem);
+  EXPECT_LE(dkdv_max_smem_bytes<256>(), kSm90OptinSmem);
+  EXPECT_LE((dkdv_max_smem_bytes<256, true>()), kSm80OptinSmem);
+  // The small tiles keep the default's query tile (the ordered dQ's
+  // counters and its postprocess count query tiles of kBlockM).
+  EXPECT_EQ((DkdvTile<128, true>::kBlockM), DkdvTile<128>::kBlockM);
+  EXPECT_EQ((DkdvTile<256, true>::kBlockM), DkdvTile<256>::kBlockM);
+}
+
+// What the backend asks of a device for the backward: every backward kernel,
+// with the small tile. d64 and d128 run on every sm80+ GPU; d256 needs sm80's
+// or sm90's shared memory, not sm86 / sm89's.
+TEST(FlashTileChoice, TheBackwardRunsWhereItsSmallTileFits) {
   EXPECT_LE(backward_min_smem_bytes<64>(), kSm86OptinSmem);
-  EXPECT_EQ((DkdvTile<64, true>::kBlockM), 64);
+  EXPECT_LE(backward_min_smem_bytes<128>(), kSm86OptinSmem);
+  EXPECT_GT(backward_min_smem_bytes<256>(), kSm86OptinSmem);
+  EXPECT_LE(backward_min_smem_bytes<256>(), kSm80OptinSmem);
+}
+
+// The dK/dV grid counts key tiles of the tile that runs.
+TEST(FlashTileChoice, TheGridFollowsTheKeyTile) {
+  EXPECT_EQ(dkdv_key_tile(128, false), 128);
+  EXPECT_EQ(dkdv_key_tile(128, true), 64);
+  EXPECT_EQ(dkdv_key_tile(256, true), dkdv_key_tile(256, false));
+  EXPECT_EQ(dkdv_key_tile(64, true), dkdv_key_tile(64, false));
 }
 
 // The forward needs less than the backward at every d, and fits the sm86 /
 // sm89 limit at every d (so a forward runs there even where the backward
-// does not: d128, d256, as of this writing).
+// does not: d256).
 TEST(FlashTileChoice, TheForwardNeedsLessThanTheBackward) {
   EXPECT_LE(forward_smem_bytes<64>(), backward_min_smem_bytes<64>());
   EXPECT_LE(forward_smem_bytes<128>(), backward_min_smem_bytes<128>());

@@ -10,9 +10,10 @@
 // and =atomic, see src/cuda/flash/tile_sizes.hpp), plus longer cases where
 // many key tiles add into each query tile (the ordered path's counters).
 // Separate and ordered are checked for bitwise determinism across runs;
-// atomic (Options::deterministic = false) only against the oracle. The d64
-// cases run again on the small-shared-memory dK/dV tile
-// (GQATTN_FLASH_DKDV_TILE=small), which sm86 / sm89 devices take.
+// atomic (Options::deterministic = false) only against the oracle. Every
+// case runs again on the small-shared-memory dK/dV tiles
+// (GQATTN_FLASH_DKDV_TILE=small), which sm86 / sm89 (d64, d128) and sm80
+// (d256) devices take.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -158,16 +159,11 @@ TEST_P(FlashVsOracle, AtomicDq) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashVsOracle, ::testing::ValuesIn(all_cases()), case_name);
 
-// d64 on the 64-query dK/dV tile that devices with less than 162 KB of
-// shared memory per block run (tile_sizes.hpp, use_small_smem_dkdv_tile),
-// forced here so that a device with more runs it too.
-std::vector<FlashCase> d64_cases() {
-  std::vector<FlashCase> d64;
-  for (const FlashCase& c : all_cases())
-    if (c.problem.d == 64) d64.push_back(c);
-  return d64;
-}
-
+// The small-shared-memory dK/dV tiles (tile_sizes.hpp,
+// use_small_smem_dkdv_tile: d64's 64-query tile, d128's 64 x 64 and d256's
+// single-buffered tile), which devices with less shared memory per block
+// than the default tiles need run; forced here so that a device with more
+// runs them too.
 class FlashSmallSmemTileVsOracle : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(FlashSmallSmemTileVsOracle, SeparateDq) {
@@ -188,7 +184,7 @@ TEST_P(FlashSmallSmemTileVsOracle, AtomicDq) {
   run_case(GetParam(), /*deterministic=*/false);
 }
 
-INSTANTIATE_TEST_SUITE_P(D64, FlashSmallSmemTileVsOracle, ::testing::ValuesIn(d64_cases()),
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashSmallSmemTileVsOracle, ::testing::ValuesIn(all_cases()),
                          case_name);
 
 // Options::deterministic = false with the switch unset: the backend picks

@@ -16,8 +16,11 @@
 // dP^T for queries [wd kBlockM/kWarpsD, ...) and accumulates dK / dV
 // columns [wd d/kWarpsD, ...). With kWarpsD == 1 the A operands P^T, dS^T
 // come straight from the accumulators; otherwise through shared memory.
-// Q, dO (and lse2, D) are double-buffered: step t+1's loads are issued right
-// after the barrier that opens step t. dK gets the softmax scale at the end.
+// Q, dO (and lse2, D) are double-buffered (Tile::kQueryStages == 2): step
+// t+1's loads are issued right after the barrier that opens step t; on the
+// single-buffered small-shared-memory tiles of d128 and d256, after a
+// barrier that follows step t's dV / dK products, so they overlap only its
+// dQ partial. dK gets the softmax scale at the end.
 //
 // Walk: query tiles last first, and at each the heads of the GQA group in
 // turn, so that under a causal mask every key tile that visits query tile m
@@ -169,6 +172,10 @@ __global__ void __launch_bounds__(
   constexpr int kDqPasses = kDqCols / kDqColsPerPass;
   constexpr int kDqDT = kDqColsPerPass / kMmaN;
   constexpr int kStepsN = kBN / kMmaK;
+  constexpr int kStages = Tile::kQueryStages;
+  static_assert(kStages == 2 || (kStages == 1 && kWarpsD > 1),
+                "single-buffered Q / dO: the next step's loads wait for the dV / dK products, "
+                "which read P^T / dS^T from their own shared tiles only when kWarpsD > 1");
   static_assert(!kFusedDq || (kWarps % kDqWarpsM == 0 && kD % kDqWarpsD == 0 &&
                               kDqCols % kDqColsPerPass == 0 && kDqDT % 2 == 0),
                 "fused dQ warp grid");
@@ -181,11 +188,11 @@ __global__ void __launch_bounds__(
   const uint32_t s_q0 = s_v + KVTile::kBytes;          // stage s: Q at s_q0 + s * kStageBytes
   constexpr uint32_t kStageBytes = 2 * QTile::kBytes;  // Q then dO
   // P^T (kWarpsD > 1), then dS^T (kWarpsD > 1 or fused dQ).
-  const uint32_t s_p = s_q0 + kQueryStages * kStageBytes;
+  const uint32_t s_p = s_q0 + kStages * kStageBytes;
   const uint32_t s_ds = s_p + (kWarpsD > 1 ? PTile::kBytes : 0);
   constexpr uint32_t kPBytes = dkdv_p_tiles<kD, kFusedDq, kSmallSmem>() * PTile::kBytes;
   float* const rows_f =
-      reinterpret_cast<float*>(smem + 2 * KVTile::kBytes + kQueryStages * kStageBytes + kPBytes);
+      reinterpret_cast<float*>(smem + 2 * KVTile::kBytes + kStages * kStageBytes + kPBytes);
   // rows_f: stage s: lse2 at rows_f[2 s kBM], D at rows_f[(2 s + 1) kBM]
 
   const int tid_ = threadIdx.x;
@@ -348,7 +355,7 @@ __global__ void __launch_bounds__(
   Step step{0, range.last};
   for (int t = 0; t < steps; ++t) {
     const Step next = next_step(step);
-    const int stage = t % kQueryStages;
+    const int stage = t % kStages;
     const int m0 = step.m_block * kBM;
     const uint32_t s_q = s_q0 + stage * kStageBytes;
     const uint32_t s_do = s_q + QTile::kBytes;
@@ -359,8 +366,10 @@ __global__ void __launch_bounds__(
     lane = opaque(tid_ % kWarpSize);
     cp_async_wait<0>();
     __syncthreads();
-    if (t + 1 < steps) load_step(next, (t + 1) % kQueryStages);
-    cp_async_commit();
+    if constexpr (kStages == 2) {
+      if (t + 1 < steps) load_step(next, (t + 1) % kStages);
+      cp_async_commit();
+    }
 
     // dP^T first: then the elementwise pass sees v before it is masked.
     float dp[kMT][kNT][4] = {};
@@ -476,6 +485,11 @@ __global__ void __launch_bounds__(
             mma_16816<Elem>(acc_dk[mt][2 * dn + 1], a_ds[mt], bf[2], bf[3]);
           }
         }
+      }
+      if constexpr (kStages == 1) {
+        __syncthreads();  // every warp is done with this step's Q, dO, lse2, D
+        if (t + 1 < steps) load_step(next, 0);
+        cp_async_commit();
       }
       if constexpr (kFusedDq) signal = add_dq_partial(step);
     }

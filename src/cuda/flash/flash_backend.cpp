@@ -36,11 +36,9 @@ int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
                             : ForwardTile<256>::kBlockM;
   return ceil_div(Tq, bm) * B * H;
 }
-int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk) {
-  const int bn = d == 64    ? DkdvTile<64>::kBlockN
-                 : d == 128 ? DkdvTile<128>::kBlockN
-                            : DkdvTile<256>::kBlockN;
-  return ceil_div(Tk, bn) * B * Hkv;
+int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk, bool small_smem_dkdv_tile) {
+  return ceil_div(Tk, dkdv_key_tile(d, small_smem_dkdv_tile && has_small_smem_dkdv_tile(d))) * B *
+         Hkv;
 }
 int64_t dq_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
   const int bm = d == 64    ? DqTile<64>::kBlockM
@@ -157,7 +155,7 @@ class CudaFlashBackend final : public BackendImpl {
   Backend id() const override { return Backend::CudaFlash; }
 
   // The forward: its own grid and shared memory, so a forward runs on a
-  // device too small for the backward's kernels (sm86 / sm89 at d128, d256).
+  // device too small for the backward's kernels (sm86 / sm89 at d256).
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
     const std::string shared = flash::why_not_fused_problem("cuda-flash", p, dtype, device);
     if (!shared.empty()) return shared;
@@ -176,10 +174,13 @@ class CudaFlashBackend final : public BackendImpl {
     const std::string forward_reason = why_not(p, dtype, device);
     if (!forward_reason.empty()) return forward_reason;
     const int d = int(p.d);
-    const int64_t grid =
-        std::max({flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk), flash::dq_blocks(d, p.B, p.H, p.Tq),
-                  flash::preprocess_blocks(p.B, p.H, flash::tq_padded(p.Tq)),
-                  flash::dq_postprocess_blocks(d, p.B, p.H, flash::tq_padded(p.Tq))});
+    // Both dK/dV tiles' grids: which one runs is decided per call (the
+    // device, GQATTN_FLASH_DKDV_TILE).
+    const int64_t grid = std::max(
+        {flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, false),
+         flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, true), flash::dq_blocks(d, p.B, p.H, p.Tq),
+         flash::preprocess_blocks(p.B, p.H, flash::tq_padded(p.Tq)),
+         flash::dq_postprocess_blocks(d, p.B, p.H, flash::tq_padded(p.Tq))});
     if (grid > kMaxGridX)
       return "not supported: cuda-flash's backward needs at most 2^31-1 thread blocks "
              "(B*H*Tq too large: " +

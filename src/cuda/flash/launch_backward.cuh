@@ -7,8 +7,9 @@
 // kernel adds in ascending key-tile order (see backward_dkdv_kernel.cuh);
 // atomic (p.dq_counters null, not deterministic) zeroes the accumulator
 // instead. The dK/dV kernel takes DkdvTile<kD, true> when the backend asks
-// for the small-shared-memory tile (d64 on devices below 162 KB per block:
-// use_small_smem_dkdv_tile in tile_sizes.hpp). Instantiated per head
+// for the small-shared-memory tile (devices whose shared memory per block is
+// below the default tile's: use_small_smem_dkdv_tile in tile_sizes.hpp).
+// Instantiated per head
 // dimension by launch_backward_d*.cu. Checked through
 // tests/gpu/test_flash_*.cpp.
 #pragma once
@@ -33,7 +34,7 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
   }
   using DkdvT = DkdvTile<kD, kSmallSmem>;
   constexpr int kDkdvThreads = DkdvT::kWarpsN * DkdvT::kWarpsD * kWarpSize;
-  const int dkdv_grid = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk));
+  const int dkdv_grid = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk, kSmallSmem));
   if (p.dq_accum != nullptr) {
     const std::size_t rows = std::size_t(p.B) * p.H * std::size_t(p.tq_padded);
     if (p.dq_counters != nullptr) {  // ordered: the first key tile stores

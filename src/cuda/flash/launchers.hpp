@@ -31,7 +31,7 @@ extern template void launch_backward<256>(const BackwardParams&, ElemType, bool,
 
 // Grid sizes the launchers use (the backend checks them against the limits).
 int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq);
-int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk);
+int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk, bool small_smem_dkdv_tile);
 int64_t dq_blocks(int d, int64_t B, int64_t H, int64_t Tq);
 int64_t preprocess_blocks(int64_t B, int64_t H, int64_t tq_padded);
 int64_t dq_postprocess_blocks(int d, int64_t B, int64_t H, int64_t tq_padded);

@@ -1,6 +1,6 @@
 // cuda-flash: tile shapes per head dimension for the three kernels, and the
 // shared memory each needs (the backend compares forward_smem_bytes and
-// backward_min_smem_bytes, with d64's small-shared-memory dK/dV tile, with
+// backward_min_smem_bytes, with the small-shared-memory dK/dV tiles, with
 // the device's opt-in limit, per pass). Plain C++ so the host side can use it; the kernels
 // static_assert the shapes they rely on. Checked by compiling, by
 // tests/cpu/test_flash_tile_choice.cpp and test_flash_dq_default.cpp, and by
@@ -16,8 +16,9 @@
 //   S = Q K^T, K(n-1) during softmax and P V).
 // - dK/dV: a CTA owns kBlockN keys of one kv head; warps are a kWarpsN x
 //   kWarpsD grid, each warp kKeyTilesPerWarp m16 tiles of keys x
-//   (d / kWarpsD) columns of dK and dV; query tiles of kBlockM
-//   double-buffered. With kWarpsD == 1 P^T and dS^T stay in registers as the
+//   (d / kWarpsD) columns of dK and dV; query tiles of kBlockM in
+//   kQueryStages buffers (2; 1 on the small-shared-memory tiles of d128 and
+//   d256). With kWarpsD == 1 P^T and dS^T stay in registers as the
 //   A operand of dV += P^T dO and dK += dS^T Q; otherwise (d128, d256, where
 //   a warp's keys x d accumulators would not fit) they go through shared
 //   memory.
@@ -79,8 +80,11 @@ struct ForwardTile<256> {
 // false for 8 x 1.
 constexpr bool kDkdvD128SplitWarps = true;
 // kSmallSmem: the tile for devices whose shared memory per block is too
-// small for the default one (use_small_smem_dkdv_tile, below); only d64 has
-// one.
+// small for the default one (use_small_smem_dkdv_tile, below).
+// kQueryStages: Q, dO, lse2 and D double-buffered (2: step t+1's loads are
+// issued when step t opens) or single-buffered (1: issued once every warp
+// is past step t's dV / dK products, so they overlap only its dQ partial;
+// needs kWarpsD > 1, whose P^T / dS^T live in their own shared tiles).
 template <int kD, bool kSmallSmem = false>
 struct DkdvTile;
 // Fused (ordered or atomic) dQ partial dS K in the dK/dV kernel, d128 and
@@ -110,6 +114,7 @@ struct DkdvTile<64, true> {
   static constexpr int kBlockN = 128, kBlockM = 64, kWarpsN = 8, kWarpsD = 1;
   static constexpr int kKeyTilesPerWarp = 1;
   static constexpr int kDqRowTilesPerWarp = 1;
+  static constexpr int kQueryStages = 2;
 };
 template <>
 struct DkdvTile<64> {
@@ -119,6 +124,7 @@ struct DkdvTile<64> {
   static constexpr int kWarpsD = kDkdvD64QueryTile128 ? 2 : 1;
   static constexpr int kKeyTilesPerWarp = kDkdvD64QueryTile128 ? 2 : 1;
   static constexpr int kDqRowTilesPerWarp = kDkdvD64QueryTile128 ? 2 : 1;
+  static constexpr int kQueryStages = 2;
 };
 template <>
 struct DkdvTile<128> {
@@ -127,6 +133,19 @@ struct DkdvTile<128> {
   static constexpr int kWarpsD = kDkdvD128SplitWarps ? 2 : 1;
   static constexpr int kKeyTilesPerWarp = kDkdvD128SplitWarps ? 2 : 1;
   static constexpr int kDqRowTilesPerWarp = kFusedDqTwoRowTiles ? 2 : 1;
+  static constexpr int kQueryStages = 2;
+};
+// d128 for devices below the default tile's 161 KB per block (sm86 and sm89
+// allow 99 KB; sm80's 163 KB fit the default): 64 keys x 64 queries on 4 x 2
+// warps of one m16 key tile, single-buffered: K, V 32 KB + Q, dO 32 KB + P^T,
+// dS^T 16 KB (81 KB), where double-buffering would need 113 KB.
+// FlashAttention-2 takes 64 x 64 there too (double-buffering Q, not dO).
+template <>
+struct DkdvTile<128, true> {
+  static constexpr int kBlockN = 64, kBlockM = 64, kWarpsN = 4, kWarpsD = 2;
+  static constexpr int kKeyTilesPerWarp = 1;
+  static constexpr int kDqRowTilesPerWarp = 2;
+  static constexpr int kQueryStages = 1;
 };
 // d256: warps 2 (keys, 32 each) x 4 (columns, 64 each; S^T queries, 16
 // each) instead of 4 x 2 with 16 keys: 576 instead of 672 KB of shared
@@ -139,6 +158,19 @@ struct DkdvTile<256> {
   static constexpr int kWarpsD = kDkdvD256TwoKeyTiles ? 4 : 2;
   static constexpr int kKeyTilesPerWarp = kDkdvD256TwoKeyTiles ? 2 : 1;
   static constexpr int kDqRowTilesPerWarp = kFusedDqTwoRowTiles ? 2 : 1;
+  static constexpr int kQueryStages = 2;
+};
+// d256 for devices below the default tile's 209 KB (sm80 allows 163 KB): the
+// same shape single-buffered, K, V 64 KB + Q, dO 64 KB + P^T, dS^T 16 KB
+// (145 KB). sm86 / sm89 (99 KB) fit neither: there d256's backward is not
+// supported (backward_min_smem_bytes).
+template <>
+struct DkdvTile<256, true> {
+  static constexpr int kBlockN = DkdvTile<256>::kBlockN, kBlockM = DkdvTile<256>::kBlockM;
+  static constexpr int kWarpsN = DkdvTile<256>::kWarpsN, kWarpsD = DkdvTile<256>::kWarpsD;
+  static constexpr int kKeyTilesPerWarp = DkdvTile<256>::kKeyTilesPerWarp;
+  static constexpr int kDqRowTilesPerWarp = DkdvTile<256>::kDqRowTilesPerWarp;
+  static constexpr int kQueryStages = 1;
 };
 
 // dQ, d64 and d128: 4 warps x 32 query rows (two m16 tiles) instead of 8 x
@@ -223,8 +255,7 @@ constexpr int kDqPassCols = 32;
 constexpr int kDqPostThreads = 256;
 constexpr int kDqPostElemsPerThread = 8;  // one 16-byte chunk
 
-constexpr int kQueryStages = 2;  // dK/dV: Q, dO, lse2, D double-buffered
-constexpr int kKeyStages = 2;    // dQ: K, V double-buffered
+constexpr int kKeyStages = 2;  // dQ: K, V double-buffered
 
 // Shared memory of each kernel, in bytes.
 template <int kD>
@@ -243,10 +274,10 @@ template <int kD, bool kFusedDq = false, bool kSmallSmem = false>
 constexpr std::size_t dkdv_smem_bytes() {
   using T = DkdvTile<kD, kSmallSmem>;
   const std::size_t kv = std::size_t(2) * T::kBlockN * kD * kElemBytes;
-  const std::size_t q_do = std::size_t(kQueryStages) * 2 * T::kBlockM * kD * kElemBytes;
+  const std::size_t q_do = std::size_t(T::kQueryStages) * 2 * T::kBlockM * kD * kElemBytes;
   const std::size_t p_ds =
       std::size_t(dkdv_p_tiles<kD, kFusedDq, kSmallSmem>()) * T::kBlockN * T::kBlockM * kElemBytes;
-  const std::size_t rows = std::size_t(kQueryStages) * 2 * T::kBlockM * sizeof(float);
+  const std::size_t rows = std::size_t(T::kQueryStages) * 2 * T::kBlockM * sizeof(float);
   return kv + q_do + p_ds + rows;
 }
 // Both dK/dV kernels of a tile (separate and fused dQ).
@@ -262,15 +293,32 @@ constexpr std::size_t dq_smem_bytes() {
          std::size_t(kKeyStages) * 2 * T::kBlockN * kD * kElemBytes;
 }
 
-static_assert(DkdvTile<64, true>::kBlockN == DkdvTile<64>::kBlockN,
-              "dkdv_blocks: both d64 dK/dV tiles have the same key tile");
 // Whether head dimension d has a dK/dV tile for smaller shared memory.
-constexpr bool has_small_smem_dkdv_tile(int d) { return d == 64 && kDkdvD64QueryTile128; }
+constexpr bool has_small_smem_dkdv_tile(int d) {
+  return (d == 64 && kDkdvD64QueryTile128) || d == 128 || d == 256;
+}
+// Shared memory per block of d's dK/dV kernels on the default or the small
+// tile (d in {64, 128, 256}; small only where d has one).
+constexpr std::size_t dkdv_max_smem_bytes(int d, bool small) {
+  switch (d) {
+    case 64: return small ? dkdv_max_smem_bytes<64, true>() : dkdv_max_smem_bytes<64>();
+    case 128: return small ? dkdv_max_smem_bytes<128, true>() : dkdv_max_smem_bytes<128>();
+    default: return small ? dkdv_max_smem_bytes<256, true>() : dkdv_max_smem_bytes<256>();
+  }
+}
+// The key tile (kBlockN) of d's dK/dV kernels: the dK/dV grid's unit.
+constexpr int dkdv_key_tile(int d, bool small) {
+  switch (d) {
+    case 64: return small ? DkdvTile<64, true>::kBlockN : DkdvTile<64>::kBlockN;
+    case 128: return small ? DkdvTile<128, true>::kBlockN : DkdvTile<128>::kBlockN;
+    default: return small ? DkdvTile<256, true>::kBlockN : DkdvTile<256>::kBlockN;
+  }
+}
 // Whether the backward runs d's small-shared-memory dK/dV tile on a device
 // that allows optin_smem bytes per block: where there is one and the
 // default tile does not fit.
 constexpr bool use_small_smem_dkdv_tile(int d, std::size_t optin_smem) {
-  return has_small_smem_dkdv_tile(d) && optin_smem < dkdv_max_smem_bytes<64>();
+  return has_small_smem_dkdv_tile(d) && optin_smem < dkdv_max_smem_bytes(d, false);
 }
 // The shared memory per block cuda-flash's backward needs for head
 // dimension kD: every backward kernel, with the small dK/dV tile where there
