@@ -31,11 +31,27 @@ TEST(FlashDqDefault, D256OrderedOnlyForLongCausalProblems) {
   EXPECT_EQ(default_dq_strategy(256, false, 16384), DqStrategy::kSeparate);
 }
 
+// The small-shared-memory dK/dV tiles (sm80 at d256, sm86 / sm89 at d64
+// and d128): separate at d64 and d128, ordered at d256, whatever the
+// problem.
+TEST(FlashDqDefault, SmallTilesBySeparateExceptD256) {
+  for (bool causal : {false, true})
+    for (long long tk : {1LL, 1024LL, 16384LL}) {
+      EXPECT_EQ(default_dq_strategy(64, causal, tk, /*small_smem_dkdv_tile=*/true),
+                DqStrategy::kSeparate);
+      EXPECT_EQ(default_dq_strategy(128, causal, tk, /*small_smem_dkdv_tile=*/true),
+                DqStrategy::kSeparate);
+      EXPECT_EQ(default_dq_strategy(256, causal, tk, /*small_smem_dkdv_tile=*/true),
+                DqStrategy::kOrdered);
+    }
+}
+
 TEST(FlashDqDefault, NeverAtomic) {
   for (int d : {64, 128, 256})
     for (bool causal : {false, true})
       for (long long tk : {1LL, 4096LL, 65536LL})
-        EXPECT_NE(default_dq_strategy(d, causal, tk), DqStrategy::kAtomic);
+        for (bool small : {false, true})
+          EXPECT_NE(default_dq_strategy(d, causal, tk, small), DqStrategy::kAtomic);
 }
 
 }  // namespace

@@ -92,11 +92,4 @@ TEST(FlashTileChoice, TheForwardNeedsLessThanTheBackward) {
   EXPECT_LE(forward_smem_bytes<256>(), kSm86OptinSmem);
 }
 
-TEST(FlashTileChoice, D64OnTheSmallTileDefaultsToTheSeparateDq) {
-  EXPECT_EQ(default_dq_strategy(64, true, 4096, /*small_smem_dkdv_tile=*/true),
-            DqStrategy::kSeparate);
-  EXPECT_EQ(default_dq_strategy(64, false, 1024, /*small_smem_dkdv_tile=*/true),
-            DqStrategy::kSeparate);
-}
-
 }  // namespace

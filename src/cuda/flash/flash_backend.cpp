@@ -81,7 +81,7 @@ std::string why_too_little_smem(int64_t d, Pass pass) {
   if (need <= have) return "";
   return std::string("not supported: cuda-flash's ") +
          (pass == Pass::forward ? "forward" : "backward") + " at d=" + std::to_string(d) +
-         " needs " + std::to_string(need / 1024) +
+         " needs " + std::to_string((need + 1023) / 1024) +
          " KB of shared memory per block, the device allows " + std::to_string(have / 1024) + " KB";
 }
 

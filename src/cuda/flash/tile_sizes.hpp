@@ -138,7 +138,7 @@ struct DkdvTile<128> {
 // d128 for devices below the default tile's 161 KB per block (sm86 and sm89
 // allow 99 KB; sm80's 163 KB fit the default): 64 keys x 64 queries on 4 x 2
 // warps of one m16 key tile, single-buffered: K, V 32 KB + Q, dO 32 KB + P^T,
-// dS^T 16 KB (81 KB), where double-buffering would need 113 KB.
+// dS^T 16 KB (80.5 KB), where double-buffering would need 113 KB.
 // FlashAttention-2 takes 64 x 64 there too (double-buffering Q, not dO).
 template <>
 struct DkdvTile<128, true> {
@@ -231,10 +231,18 @@ enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 //   stays in L2 (docs/flash.md, "The ordered dQ's fence, timed"). The rule
 //   misses two measured cases: non-causal T16k (2% slower than ordered)
 //   and non-causal with 4 query heads per kv head (6%).
+// - On the small-shared-memory dK/dV tiles (measured on the H200 with the
+//   tile forced, GQATTN_FLASH_DKDV_TILE=small; bwd TFLOP/s ordered /
+//   separate): d128's 64 x 64 tile separate (causal B4 T4k 168 / 180, B1
+//   T16k 175 / 190, non-causal T4k 166 / 177, causal B16 T1k 130 / 154);
+//   d256's single-buffered tile ordered (causal T4k 197 / 186, non-causal
+//   T4k 198 / 184, B2 T8k w4096 cap50 199 / 182; ordered's next step's
+//   loads wait behind dV / dK there, and overlap its dQ partial).
 constexpr int kOrderedDqD256MinKeys = 4096;
 constexpr DqStrategy default_dq_strategy(int d, bool causal, long long tk,
                                          bool small_smem_dkdv_tile = false) {
-  if (d == 64 && (small_smem_dkdv_tile || !kDkdvD64QueryTile128)) return DqStrategy::kSeparate;
+  if (small_smem_dkdv_tile) return d == 256 ? DqStrategy::kOrdered : DqStrategy::kSeparate;
+  if (d == 64 && !kDkdvD64QueryTile128) return DqStrategy::kSeparate;
   if (d == 256 && !(causal && tk >= kOrderedDqD256MinKeys)) return DqStrategy::kSeparate;
   return DqStrategy::kOrdered;
 }
