@@ -112,39 +112,6 @@ __device__ __forceinline__ void red_add2(float* ptr, float x, float y) {
 #endif
 }
 
-// *ptr += (x, y, z, w), four adjacent floats (16-byte aligned); sm90's
-// vector reduction, else four scalar ones.
-__device__ __forceinline__ void red_add4(float* ptr, float x, float y, float z, float w) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "f"(x), "f"(y),
-               "f"(z), "f"(w)
-               : "memory");
-#else
-  atomicAdd(ptr, x);
-  atomicAdd(ptr + 1, y);
-  atomicAdd(ptr + 2, z);
-  atomicAdd(ptr + 3, w);
-#endif
-}
-// Adds one m16n8 C fragment c (lane: rows g and g + 8, columns 2q, 2q + 1;
-// g = lane / 4, q = lane % 4) into the f32 tile at `at` (the fragment's
-// element (g, 2q); row stride kD floats) with one 16-byte reduction per lane
-// instead of two 8-byte ones: lanes q and q ^ 1 swap a half, so that the
-// even lane adds row g, columns 2q .. 2q + 3, the odd one row g + 8,
-// columns 2q - 2 .. 2q + 1. Half the reduction operations at L2, for two
-// shuffles.
-template <int kD>
-__device__ __forceinline__ void red_add_frag_v4(float* at, const float (&c)[4], int lane) {
-  const bool odd = (lane & 1) != 0;
-  const float send0 = odd ? c[0] : c[2], send1 = odd ? c[1] : c[3];
-  const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-  const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-  if (odd)
-    red_add4(at + kFragRowHalf * kD - 2, recv0, recv1, c[2], c[3]);
-  else
-    red_add4(at, c[0], c[1], recv0, recv1);
-}
-
 // C += A B over kSteps k-steps for one warp's kMT m16 tiles of rows, A from a
 // shared tile stored [m][k] (rows a_row0..), B from a shared tile stored
 // [n][k] (rows b_row0.., kNT n8 tiles).
@@ -371,12 +338,6 @@ __global__ void __launch_bounds__(
             for (int half = 0; half < 2; ++half)
               *reinterpret_cast<float2*>(element(mt, dt, half)) =
                   make_float2(acc_dq[mt][dt][2 * half], acc_dq[mt][dt][2 * half + 1]);
-      } else if constexpr (kDqAddsV4) {
-#pragma unroll
-        for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-          for (int dt = 0; dt < kDqDT; ++dt)
-            red_add_frag_v4<kD>(element(mt, dt, 0), acc_dq[mt][dt], lane);
       } else {
 #pragma unroll
         for (int mt = 0; mt < kDqMT; ++mt)

@@ -258,10 +258,6 @@ static_assert(default_dq_strategy(64, true, 4096) != DqStrategy::kAtomic &&
 // accumulator registers: 32 rows x 32 columns -> 32 per thread; at 64
 // columns of 16 rows the d128 kernel spilled).
 constexpr int kDqPassCols = 32;
-// Fused dQ: each lane adds its C fragment's 4 values as one 16-byte
-// reduction (red.global.add.v4.f32 on sm90, after swapping a half with its
-// neighbour lane) instead of two 8-byte ones. Set to false for two.
-constexpr bool kDqAddsV4 = true;
 // Postprocess (dq = accumulator * scale -> 16-bit): threads per block, 8
 // elements (one 16-byte store) per thread.
 constexpr int kDqPostThreads = 256;
