@@ -32,18 +32,22 @@ TEST(FlashDqDefault, D256OrderedOnlyForLongCausalProblems) {
 }
 
 // The small-shared-memory dK/dV tiles (sm80 at d256, sm86 / sm89 at d64
-// and d128): separate at d64 and d128, ordered at d256, whatever the
-// problem.
-TEST(FlashDqDefault, SmallTilesBySeparateExceptD256) {
-  for (bool causal : {false, true})
+// and d128): separate, except d256 with at least kOrderedDqD256MinKeys
+// keys, causal or not: ordered.
+TEST(FlashDqDefault, SmallTilesSeparateExceptLongD256) {
+  for (bool causal : {false, true}) {
     for (long long tk : {1LL, 1024LL, 16384LL}) {
       EXPECT_EQ(default_dq_strategy(64, causal, tk, /*small_smem_dkdv_tile=*/true),
                 DqStrategy::kSeparate);
       EXPECT_EQ(default_dq_strategy(128, causal, tk, /*small_smem_dkdv_tile=*/true),
                 DqStrategy::kSeparate);
-      EXPECT_EQ(default_dq_strategy(256, causal, tk, /*small_smem_dkdv_tile=*/true),
-                DqStrategy::kOrdered);
     }
+    EXPECT_EQ(default_dq_strategy(256, causal, kOrderedDqD256MinKeys, true), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(256, causal, 16384, true), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(256, causal, kOrderedDqD256MinKeys - 1, true),
+              DqStrategy::kSeparate);
+    EXPECT_EQ(default_dq_strategy(256, causal, 1024, true), DqStrategy::kSeparate);
+  }
 }
 
 TEST(FlashDqDefault, NeverAtomic) {

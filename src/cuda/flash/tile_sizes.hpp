@@ -235,13 +235,17 @@ enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 //   tile forced, GQATTN_FLASH_DKDV_TILE=small; bwd TFLOP/s ordered /
 //   separate): d128's 64 x 64 tile separate (causal B4 T4k 168 / 180, B1
 //   T16k 175 / 190, non-causal T4k 166 / 177, causal B16 T1k 130 / 154);
-//   d256's single-buffered tile ordered (causal T4k 197 / 186, non-causal
-//   T4k 198 / 184, B2 T8k w4096 cap50 199 / 182; ordered's next step's
-//   loads wait behind dV / dK there, and overlap its dQ partial).
+//   d256's single-buffered tile ordered from kOrderedDqD256MinKeys keys on,
+//   causal or not (causal B4 T4k 197 / 186, non-causal B4 T4k 198 / 184, B2
+//   T8k w4096 cap50 199 / 182; ordered's next step's loads wait behind dV /
+//   dK there, and overlap its dQ partial), separate below (causal B16 T1k
+//   143 / 158, non-causal 152 / 169, causal B8 T2k 161 / 176, non-causal
+//   155 / 181).
 constexpr int kOrderedDqD256MinKeys = 4096;
 constexpr DqStrategy default_dq_strategy(int d, bool causal, long long tk,
                                          bool small_smem_dkdv_tile = false) {
-  if (small_smem_dkdv_tile) return d == 256 ? DqStrategy::kOrdered : DqStrategy::kSeparate;
+  if (small_smem_dkdv_tile)
+    return d == 256 && tk >= kOrderedDqD256MinKeys ? DqStrategy::kOrdered : DqStrategy::kSeparate;
   if (d == 64 && !kDkdvD64QueryTile128) return DqStrategy::kSeparate;
   if (d == 256 && !(causal && tk >= kOrderedDqD256MinKeys)) return DqStrategy::kSeparate;
   return DqStrategy::kOrdered;
