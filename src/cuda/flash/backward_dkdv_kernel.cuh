@@ -84,32 +84,20 @@ namespace gqattn::flash {
 
 constexpr unsigned kDqSpinNs = 64;  // back-off between polls of a dQ counter
 
-// Waits until *ptr == v (polled with relaxed loads, each an L2 read), then
-// acquires: one acquire fence after the last poll rather than an acquire
-// load per poll (each of which ptxas follows with an invalidation of the
-// whole L1, CCTL.IVALL). A strong read followed by fence.acquire is an
-// acquire pattern (PTX memory model), so this thread's later accesses are
-// ordered after the write that published v and what that released.
-__device__ __forceinline__ void wait_for_counter(const int* ptr, int v) {
-  for (;;) {
-    int seen;
-    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(ptr) : "memory");
-    if (seen == v) break;
-    __nanosleep(kDqSpinNs);
-  }
-  asm volatile("fence.acquire.gpu;\n" ::: "memory");
+__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
 }
 // Publishes *ptr = v after every write of the CTA that precedes a barrier
 // this thread has passed: the barrier puts the other threads' dQ adds
 // before this thread in causality order, and a release fence is cumulative
 // over them (PTX memory model; CUTLASS's semaphores do the same), so one
 // thread fences instead of every thread paying a sequentially consistent
-// __threadfence. A release fence, not acq_rel: nothing after it needs
-// acquiring, and acq_rel's acquire half costs an L1 invalidation
-// (CCTL.IVALL) on the thread every other warp waits for.
+// __threadfence.
 __device__ __forceinline__ void signal_after_barrier(int* ptr, int v) {
   asm volatile(
-      "fence.release.gpu;\n"
+      "fence.acq_rel.gpu;\n"
       "st.relaxed.gpu.global.s32 [%0], %1;\n" ::"l"(ptr),
       "r"(v)
       : "memory");
@@ -332,7 +320,7 @@ __global__ void __launch_bounds__(
       }
       if (pass == 0 && !first && counter != nullptr) {  // wait for the previous adder
         if (lane == 0)
-          wait_for_counter(counter, n_block);
+          while (ld_acquire_gpu(counter) != n_block) __nanosleep(kDqSpinNs);
         __syncwarp();
       }
       // The C fragment (mt, dt): rows g and g + 8 of m16 tile mt, columns
