@@ -206,22 +206,11 @@ __global__ void __launch_bounds__(
   const bool ordered = kFusedDq && p.dq_counters != nullptr;
   const MaskPolicy mask(p.mask);
 
-  // Block -> (key tile, kv head, batch), key tiles ascending (see above):
-  // the key tile slowest (the longest causal CTAs first), or, with
-  // kDkdvKeyTilesFastest, fastest within each (batch, kv head), so that the
-  // CTAs running together share one head group's Q, dO and dQ rows in L2.
+  // Block -> (key tile, kv head, batch), key tiles ascending (see above).
   const int num_bhk = p.B * p.Hkv;
-  int n_block, bhk;
-  if constexpr (kDkdvKeyTilesFastest) {
-    const int num_n = int(gridDim.x) / num_bhk;
-    n_block = int(blockIdx.x) % num_n;
-    bhk = int(blockIdx.x) / num_n;
-  } else {
-    n_block = int(blockIdx.x) / num_bhk;
-    bhk = int(blockIdx.x) % num_bhk;
-  }
-  const int b = bhk / p.Hkv;
-  const int hk = bhk % p.Hkv;
+  const int n_block = int(blockIdx.x) / num_bhk;
+  const int b = (int(blockIdx.x) % num_bhk) / p.Hkv;
+  const int hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
   const int group = p.H / p.Hkv;
 
   const int n0 = n_block * kBN;

@@ -262,10 +262,6 @@ static_assert(default_dq_strategy(64, true, 4096) != DqStrategy::kAtomic &&
 // accumulator registers: 32 rows x 32 columns -> 32 per thread; at 64
 // columns of 16 rows the d128 kernel spilled).
 constexpr int kDqPassCols = 32;
-// dK/dV grid order: the key tile fastest within each (batch, kv head)
-// instead of slowest. Either way a CTA waits (ordered dQ) only for the
-// CTA of the previous key tile of its (batch, kv head), a lower blockIdx.
-constexpr bool kDkdvKeyTilesFastest = false;
 // Postprocess (dq = accumulator * scale -> 16-bit): threads per block, 8
 // elements (one 16-byte store) per thread.
 constexpr int kDqPostThreads = 256;
