@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <string>
 
+#include "cuda/flash/smem_support.hpp"
 #include "cuda/flash/tile_sizes.hpp"
 
 namespace {
@@ -71,6 +73,26 @@ TEST(FlashTileChoice, TheBackwardRunsWhereItsSmallTileFits) {
   EXPECT_LE(backward_min_smem_bytes<128>(), kSm86OptinSmem);
   EXPECT_GT(backward_min_smem_bytes<256>(), kSm86OptinSmem);
   EXPECT_LE(backward_min_smem_bytes<256>(), kSm80OptinSmem);
+}
+
+// What the backend says to a device: nothing where the pass fits; where it
+// does not, the pass, d and both figures.
+TEST(FlashTileChoice, TheSupportMessageNamesThePassAndBothFigures) {
+  for (int d : {64, 128, 256}) {
+    EXPECT_EQ(why_too_little_smem(d, /*backward=*/false, kSm86OptinSmem), "");
+    EXPECT_EQ(why_too_little_smem(d, /*backward=*/true, kSm80OptinSmem), "");
+    EXPECT_EQ(why_too_little_smem(d, /*backward=*/true, kSm90OptinSmem), "");
+  }
+  EXPECT_EQ(why_too_little_smem(64, true, kSm86OptinSmem), "");
+  EXPECT_EQ(why_too_little_smem(128, true, kSm86OptinSmem), "");
+  EXPECT_EQ(why_too_little_smem(256, true, kSm86OptinSmem),
+            "not supported: cuda-flash's backward at d=256 needs 145 KB of shared memory per "
+            "block, the device allows 99 KB");
+  // A device below even the forward's need (none of the sm80+ GPUs).
+  const std::string forward = why_too_little_smem(256, false, 48 * kKB);
+  EXPECT_EQ(forward,
+            "not supported: cuda-flash's forward at d=256 needs 96 KB of shared memory per "
+            "block, the device allows 48 KB");
 }
 
 // The dK/dV grid counts key tiles of the tile that runs.

@@ -20,6 +20,7 @@
 #include "cuda/flash/launchers.hpp"
 #include "cuda/flash/params.hpp"
 #include "cuda/flash/problem_args.hpp"
+#include "cuda/flash/smem_support.hpp"
 #include "cuda/flash/tile_sizes.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
@@ -63,26 +64,10 @@ using flash::ElemType;
 constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 constexpr std::size_t kLoadBytes = 16;  // cp.async chunk
 
-// Shared memory per block each pass's kernels of d fit in (the backward
-// with the small-shared-memory dK/dV tile where d has one).
-std::size_t smem_needed(int64_t d, Pass pass) {
-  const bool fwd = pass == Pass::forward;
-  switch (d) {
-    case 64: return fwd ? flash::forward_smem_bytes<64>() : flash::backward_min_smem_bytes<64>();
-    case 128: return fwd ? flash::forward_smem_bytes<128>() : flash::backward_min_smem_bytes<128>();
-    default: return fwd ? flash::forward_smem_bytes<256>() : flash::backward_min_smem_bytes<256>();
-  }
-}
-
 // "" when the device allows the shared memory per block that `pass` needs.
 std::string why_too_little_smem(int64_t d, Pass pass) {
-  const std::size_t need = smem_needed(d, pass);
-  const std::size_t have = cuda::current_device_properties().max_shared_per_block_optin;
-  if (need <= have) return "";
-  return std::string("not supported: cuda-flash's ") +
-         (pass == Pass::forward ? "forward" : "backward") + " at d=" + std::to_string(d) +
-         " needs " + std::to_string((need + 1023) / 1024) +
-         " KB of shared memory per block, the device allows " + std::to_string(have / 1024) + " KB";
+  return flash::why_too_little_smem(int(d), pass == Pass::backward,
+                                    cuda::current_device_properties().max_shared_per_block_optin);
 }
 
 // Whether the backward of d takes the small-shared-memory dK/dV tile: where
