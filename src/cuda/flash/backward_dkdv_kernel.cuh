@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(
   constexpr int kStepsN = kBN / kMmaK;
   constexpr int kStages = Tile::kQueryStages;
   static_assert(kStages == 2 || (kStages == 1 && kWarpsD > 1),
-                "single-buffered Q / dO: the next step's loads wait for the dV / dK products, "
-                "which read P^T / dS^T from their own shared tiles only when kWarpsD > 1");
+                "single-buffered Q / dO needs kWarpsD > 1: only that path issues the next "
+                "step's loads after a barrier behind its dV / dK products");
   static_assert(!kFusedDq || (kWarps % kDqWarpsM == 0 && kD % kDqWarpsD == 0 &&
                               kDqCols % kDqColsPerPass == 0 && kDqDT % 2 == 0),
                 "fused dQ warp grid");

@@ -84,7 +84,7 @@ constexpr bool kDkdvD128SplitWarps = true;
 // kQueryStages: Q, dO, lse2 and D double-buffered (2: step t+1's loads are
 // issued when step t opens) or single-buffered (1: issued once every warp
 // is past step t's dV / dK products, so they overlap only its dQ partial;
-// needs kWarpsD > 1, whose P^T / dS^T live in their own shared tiles).
+// the kernel has that path for kWarpsD > 1 only).
 template <int kD, bool kSmallSmem = false>
 struct DkdvTile;
 // Fused (ordered or atomic) dQ partial dS K in the dK/dV kernel, d128 and
