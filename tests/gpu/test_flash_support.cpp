@@ -22,6 +22,8 @@ using gqattn::Device;
 using gqattn::DType;
 using gqattn::Problem;
 
+#ifdef GQATTN_WITH_CUDA
+
 Problem small_problem(int64_t d) {
   Problem p;
   p.B = 1;
@@ -32,8 +34,6 @@ Problem small_problem(int64_t d) {
   p.causal = true;
   return p;
 }
-
-#ifdef GQATTN_WITH_CUDA
 
 TEST(FlashSupport, RefusesOtherHeadDims) {
   const gqattn::Explanation e =
