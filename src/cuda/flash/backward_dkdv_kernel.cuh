@@ -74,6 +74,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/flash/dq_accum_layout.hpp"
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
 #include "cuda/flash/params.hpp"
@@ -109,6 +110,16 @@ __device__ __forceinline__ void red_add2(float* ptr, float x, float y) {
 #else
   atomicAdd(ptr, x);
   atomicAdd(ptr + 1, y);
+#endif
+}
+// ptr[0..3] += x, four adjacent floats (16-byte aligned), result unused.
+__device__ __forceinline__ void red_add4(float* ptr, const float (&x)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "f"(x[0]), "f"(x[1]),
+               "f"(x[2]), "f"(x[3])
+               : "memory");
+#else
+  for (int v = 0; v < 4; ++v) atomicAdd(ptr + v, x[v]);
 #endif
 }
 
@@ -294,10 +305,12 @@ __global__ void __launch_bounds__(
     int* const counter =
         ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + s.m_block : nullptr;
     const bool first = s.m_block < adds.first || s.m_block > adds.last;  // stores
-    float* const acc_row =
-        p.dq_accum +
-        ((int64_t(b) * p.H + h) * p.tq_padded + s.m_block * kBM + dq_row + frag_row(lane)) * kD +
-        dq_col + frag_col(lane);
+    const int64_t warp_row0 = (int64_t(b) * p.H + h) * p.tq_padded + s.m_block * kBM + dq_row;
+    float* const acc_row = p.dq_accum + (warp_row0 + frag_row(lane)) * kD + dq_col + frag_col(lane);
+    // Fragment-major accumulator (dq_accum_layout.hpp): lane's float4 of the
+    // 16 x 8 block at (warp_row0, dq_col).
+    float* const acc_frag =
+        p.dq_accum + dq_accum_block_offset(warp_row0, dq_col, kD) + dq_accum_in_block(lane, 0);
 #pragma unroll
     for (int pass = 0; pass < kDqPasses; ++pass) {
       float acc_dq[kDqMT][kDqDT][4] = {};
@@ -329,7 +342,22 @@ __global__ void __launch_bounds__(
         return acc_row + (mt * kMmaM + half * kFragRowHalf) * kD + pass * kDqColsPerPass +
                dt * kMmaN;
       };
-      if (first) {
+      // The block of fragment (mt, dt) of this pass, fragment-major.
+      auto fragment = [&](int mt, int dt) {
+        return acc_frag + dq_accum_block_offset(mt * kMmaM, pass * kDqColsPerPass + dt * kMmaN, kD);
+      };
+      if constexpr (kDqAccumFragmentMajor) {
+#pragma unroll
+        for (int mt = 0; mt < kDqMT; ++mt)
+#pragma unroll
+          for (int dt = 0; dt < kDqDT; ++dt) {
+            if (first)
+              *reinterpret_cast<float4*>(fragment(mt, dt)) = make_float4(
+                  acc_dq[mt][dt][0], acc_dq[mt][dt][1], acc_dq[mt][dt][2], acc_dq[mt][dt][3]);
+            else
+              red_add4(fragment(mt, dt), acc_dq[mt][dt]);
+          }
+      } else if (first) {
 #pragma unroll
         for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll

@@ -1,17 +1,18 @@
 // cuda-flash: the fused-dQ paths' postprocess (DqStrategy::kOrdered and
 // kAtomic). The dK/dV kernel leaves dQ / scale in the f32 accumulator
-// [B*H, tq_padded, d]; this kernel writes dq = accumulator * scale as 16-bit
-// values. Ordered: only query tiles some key tile visited were written
-// (their counter is then nonzero); the rows of the others (rows with no kept
-// key) get 0. Atomic (no counters): the accumulator was zeroed, so every row
-// is read. Checked through the ordered- and atomic-dQ tests in
-// tests/gpu/test_flash_correctness.cpp.
+// [B*H, tq_padded, d] (fragment-major, dq_accum_layout.hpp); this kernel
+// writes dq = accumulator * scale as 16-bit values. Ordered: only query tiles some key tile visited
+// were written (their counter is then nonzero); the rows of the others (rows with no kept key) get
+// 0. Atomic (no counters): the accumulator was zeroed, so every row is read. Checked through the
+// ordered- and atomic-dQ tests in tests/gpu/test_flash_correctness.cpp.
 //
-// One thread per 8 elements of a row (two 16-byte loads, one 16-byte store).
+// One thread per 8 elements of a row (four 8-byte loads fragment-major, two
+// 16-byte loads row-major; one 16-byte store).
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/flash/dq_accum_layout.hpp"
 #include "cuda/flash/mma.cuh"
 #include "cuda/flash/params.hpp"
 #include "cuda/flash/tile_io.cuh"
@@ -40,11 +41,21 @@ __global__ void __launch_bounds__(kDqPostThreads)
 
   float x[kElemsPerChunk] = {};
   if (visited) {
-    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row * kD) + 2 * chunk;
-    const float4 u = src[0], w = src[1];
     const float s = p.score.scale;
-    x[0] = u.x * s, x[1] = u.y * s, x[2] = u.z * s, x[3] = u.w * s;
-    x[4] = w.x * s, x[5] = w.y * s, x[6] = w.z * s, x[7] = w.w * s;
+    if constexpr (kDqAccumFragmentMajor) {
+      // Columns 2k, 2k + 1 of the chunk are adjacent (one lane's pair).
+#pragma unroll
+      for (int k = 0; k < kElemsPerChunk / 2; ++k) {
+        const float2 u = *reinterpret_cast<const float2*>(
+            p.dq_accum + dq_accum_offset(row, chunk * kElemsPerChunk + 2 * k, kD));
+        x[2 * k] = u.x * s, x[2 * k + 1] = u.y * s;
+      }
+    } else {
+      const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row * kD) + 2 * chunk;
+      const float4 u = src[0], w = src[1];
+      x[0] = u.x * s, x[1] = u.y * s, x[2] = u.z * s, x[3] = u.w * s;
+      x[4] = w.x * s, x[5] = w.y * s, x[6] = w.z * s, x[7] = w.w * s;
+    }
   }
   uint4 out;
   out.x = pack2<Elem>(x[0], x[1]);

@@ -78,8 +78,8 @@ struct BackwardParams {
   // backward_common.cuh, p_and_ds_factor).
   float lse2_shift = 0.0f;
   // Fused dQ (DqStrategy::kOrdered or kAtomic in tile_sizes.hpp) when
-  // dq_accum is non-null: dq_accum [B*H, tq_padded, d] f32. Ordered when
-  // dq_counters is non-null too: dq_counters [B*H, tq_padded /
+  // dq_accum is non-null: dq_accum [B*H, tq_padded, d] f32 (fragment-major,
+  // dq_accum_layout.hpp). Ordered when dq_counters is non-null too: dq_counters [B*H, tq_padded /
   // DkdvTile::kBlockM] int, zero before the dK/dV kernel (0: no key tile has
   // reached the query tile; n + 1: key tile n has added, the last so far:
   // the adds go in ascending key-tile order), and dq_accum is never zeroed

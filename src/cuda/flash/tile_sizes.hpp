@@ -29,7 +29,8 @@
 //     and dP (7 GEMMs per tile pair in all).
 //   ordered: the dK/dV kernel also computes each step's dQ partial
 //     dS (kBlockM x kBlockN) K (through a dS^T tile in shared memory) and
-//     adds it into an f32 accumulator [B*H, tq_padded, d] in ascending
+//     adds it into an f32 accumulator [B*H, tq_padded, d] (fragment-major:
+//     dq_accum_layout.hpp) in ascending
 //     key-tile order, enforced by one counter per (b, h, query tile)
 //     (5 GEMMs); a postprocess kernel scales and converts it.
 //   atomic: the same kernels without counters: every partial is red.add-ed
