@@ -10,7 +10,10 @@ namespace {
 
 using gqattn::flash::default_dq_strategy;
 using gqattn::flash::DqStrategy;
-using gqattn::flash::kOrderedDqD256MinKeys;
+using gqattn::flash::kOrderedDqD256MinKeysCausal;
+using gqattn::flash::kOrderedDqD256MinKeysNonCausal;
+using gqattn::flash::kOrderedDqSmallD128MinKeys;
+using gqattn::flash::kOrderedDqSmallD256MinKeys;
 
 TEST(FlashDqDefault, OrderedForD64AndD128) {
   for (bool causal : {false, true})
@@ -22,30 +25,39 @@ TEST(FlashDqDefault, OrderedForD64AndD128) {
     }
 }
 
-TEST(FlashDqDefault, D256OrderedOnlyForLongCausalProblems) {
-  EXPECT_EQ(default_dq_strategy(256, true, kOrderedDqD256MinKeys), DqStrategy::kOrdered);
+// d256: ordered from 2048 keys under a causal mask, from 8192 without
+// (the measurements in tile_sizes.hpp: causal T2k 205 vs 188, non-causal
+// T4k a tie, T16k 246 vs 205).
+TEST(FlashDqDefault, D256OrderedForLongProblems) {
+  EXPECT_EQ(kOrderedDqD256MinKeysCausal, 2048);
+  EXPECT_EQ(kOrderedDqD256MinKeysNonCausal, 8192);
+  EXPECT_EQ(default_dq_strategy(256, true, 2048), DqStrategy::kOrdered);
   EXPECT_EQ(default_dq_strategy(256, true, 16384), DqStrategy::kOrdered);
-  EXPECT_EQ(default_dq_strategy(256, true, kOrderedDqD256MinKeys - 1), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(256, true, 2047), DqStrategy::kSeparate);
   EXPECT_EQ(default_dq_strategy(256, true, 1024), DqStrategy::kSeparate);
-  EXPECT_EQ(default_dq_strategy(256, false, kOrderedDqD256MinKeys), DqStrategy::kSeparate);
-  EXPECT_EQ(default_dq_strategy(256, false, 16384), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(256, false, 8192), DqStrategy::kOrdered);
+  EXPECT_EQ(default_dq_strategy(256, false, 16384), DqStrategy::kOrdered);
+  EXPECT_EQ(default_dq_strategy(256, false, 8191), DqStrategy::kSeparate);
+  EXPECT_EQ(default_dq_strategy(256, false, 4096), DqStrategy::kSeparate);
 }
 
 // The small-shared-memory dK/dV tiles (sm80 at d256, sm86 / sm89 at d64
-// and d128): separate, except d256 with at least kOrderedDqD256MinKeys
-// keys, causal or not: ordered.
-TEST(FlashDqDefault, SmallTilesSeparateExceptLongD256) {
+// and d128): d64 separate; d128 ordered from 4096 keys, d256 from 2048,
+// causal or not.
+TEST(FlashDqDefault, SmallTilesOrderedForLongD128AndD256) {
+  EXPECT_EQ(kOrderedDqSmallD128MinKeys, 4096);
+  EXPECT_EQ(kOrderedDqSmallD256MinKeys, 2048);
   for (bool causal : {false, true}) {
-    for (long long tk : {1LL, 1024LL, 16384LL}) {
+    for (long long tk : {1LL, 1024LL, 16384LL})
       EXPECT_EQ(default_dq_strategy(64, causal, tk, /*small_smem_dkdv_tile=*/true),
                 DqStrategy::kSeparate);
-      EXPECT_EQ(default_dq_strategy(128, causal, tk, /*small_smem_dkdv_tile=*/true),
-                DqStrategy::kSeparate);
-    }
-    EXPECT_EQ(default_dq_strategy(256, causal, kOrderedDqD256MinKeys, true), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(128, causal, 4096, true), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(128, causal, 16384, true), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(128, causal, 4095, true), DqStrategy::kSeparate);
+    EXPECT_EQ(default_dq_strategy(128, causal, 1024, true), DqStrategy::kSeparate);
+    EXPECT_EQ(default_dq_strategy(256, causal, 2048, true), DqStrategy::kOrdered);
     EXPECT_EQ(default_dq_strategy(256, causal, 16384, true), DqStrategy::kOrdered);
-    EXPECT_EQ(default_dq_strategy(256, causal, kOrderedDqD256MinKeys - 1, true),
-              DqStrategy::kSeparate);
+    EXPECT_EQ(default_dq_strategy(256, causal, 2047, true), DqStrategy::kSeparate);
     EXPECT_EQ(default_dq_strategy(256, causal, 1024, true), DqStrategy::kSeparate);
   }
 }

@@ -217,38 +217,45 @@ enum class DqStrategy { kSeparate, kOrdered, kAtomic };
 //   228, T1k 198 vs 187, T16k 258 vs 241, non-causal 249 vs 234, w1024 209
 //   vs 195, softcap 30 194 vs 163). Separate for d64 on the 64-query tile
 //   (small_smem_dkdv_tile, or kDkdvD64QueryTile128 false), where it won,
-//   220 vs 209.
-// - d256: ordered only for causal problems with at least
-//   kOrderedDqD256MinKeys keys, separate otherwise. One call, H16/8 unless
-//   noted, ordered / separate / atomic: causal T1k 147 / 172 / 136, T2k 173
-//   / 189 / 177, T4k 211 / 197 / 218, T8k 218 / 203 / 226, T16k 224 / 209
-//   / 232, T8k w4096 cap50 202 / 193 / 213; non-causal T1k 159 / 187 /
-//   151, T2k 163 / 195 / 174, T4k 171 / 199 / 221, T8k 193 / 203 / 225,
-//   T16k 209 / 204 / 229, T4k H16/16 165 / 198 / 167, T4k H16/4 212 / 199
-//   / 222. Atomic keeps up where ordered falls behind (except at one query
-//   head per kv head), so the ordering, not the adds, is what costs there:
-//   timed per CTA, mostly the release fence before each signal, 22-32% of
-//   a CTA's time at d256 non-causal T4k once the accumulator no longer
-//   stays in L2 (docs/flash.md, "The ordered dQ's fence, timed"). The rule
-//   misses two measured cases: non-causal T16k (2% slower than ordered)
-//   and non-causal with 4 query heads per kv head (6%).
+//   220 vs 209. On the fragment-major accumulator (2026-12-01): d128
+//   causal B4 T4k 285 vs 251, B16 T1k 230 vs 213, non-causal 293 vs 257;
+//   d64 causal B4 T4k 255 vs 227, B16 T1k 204 vs 186.
+// - d256: ordered from kOrderedDqD256MinKeysCausal keys (causal) or
+//   kOrderedDqD256MinKeysNonCausal (not), separate below. Ordered's cost
+//   there is its ordering (the release fence before each signal, timed in
+//   docs/flash.md, "The ordered dQ's fence, timed"), which long problems
+//   amortise. Measured on the fragment-major accumulator (2026-12-01, one
+//   call, H16/8 unless noted, bwd TFLOP/s ordered / separate): causal B16
+//   T1k 161 / 172, B8 T2k 205 / 188, B4 T4k 240 / 197 (separate from the
+//   eleventh session); non-causal B16 T1k 176 / 186, B4 T4k 198 / 199, B1
+//   T16k 246 / 205, B4 T4k H16/16 189 / 195. (On the row-major accumulator
+//   before it, ordered won only causal problems from 4096 keys.)
 // - On the small-shared-memory dK/dV tiles (measured on the H200 with the
-//   tile forced, GQATTN_FLASH_DKDV_TILE=small; bwd TFLOP/s ordered /
-//   separate): d128's 64 x 64 tile separate (causal B4 T4k 168 / 180, B1
-//   T16k 175 / 190, non-causal T4k 166 / 177, causal B16 T1k 130 / 154);
-//   d256's single-buffered tile ordered from kOrderedDqD256MinKeys keys on,
-//   causal or not (causal B4 T4k 197 / 186, non-causal B4 T4k 198 / 184, B2
-//   T8k w4096 cap50 199 / 182; ordered's next step's loads wait behind dV /
-//   dK there, and overlap its dQ partial), separate below (causal B16 T1k
-//   143 / 158, non-causal 152 / 169, causal B8 T2k 161 / 176, non-causal
-//   155 / 181).
-constexpr int kOrderedDqD256MinKeys = 4096;
+//   tile forced, GQATTN_FLASH_DKDV_TILE=small, same call; bwd TFLOP/s
+//   ordered / separate): d64's 64-query tile separate (causal B4 T4k 217 /
+//   217, B16 T1k 172 / 180); d128's 64 x 64 tile ordered from
+//   kOrderedDqSmallD128MinKeys keys (causal B4 T4k 190 / 181, non-causal
+//   191 / 176, causal B16 T1k 134 / 154); d256's single-buffered tile
+//   ordered from kOrderedDqSmallD256MinKeys keys, causal or not (causal B16
+//   T1k 153 / 157, B8 T2k 198 / 174; non-causal B16 T1k 166 / 169, B4 T4k
+//   230 / 184, B1 T16k 235 / 188, B4 T4k H16/16 176 / 182).
+constexpr int kOrderedDqD256MinKeysCausal = 2048;
+constexpr int kOrderedDqD256MinKeysNonCausal = 8192;
+constexpr int kOrderedDqSmallD128MinKeys = 4096;
+constexpr int kOrderedDqSmallD256MinKeys = 2048;
 constexpr DqStrategy default_dq_strategy(int d, bool causal, long long tk,
                                          bool small_smem_dkdv_tile = false) {
-  if (small_smem_dkdv_tile)
-    return d == 256 && tk >= kOrderedDqD256MinKeys ? DqStrategy::kOrdered : DqStrategy::kSeparate;
+  const auto ordered_from = [tk](long long min_keys) {
+    return tk >= min_keys ? DqStrategy::kOrdered : DqStrategy::kSeparate;
+  };
+  if (small_smem_dkdv_tile) {
+    if (d == 128) return ordered_from(kOrderedDqSmallD128MinKeys);
+    if (d == 256) return ordered_from(kOrderedDqSmallD256MinKeys);
+    return DqStrategy::kSeparate;
+  }
   if (d == 64 && !kDkdvD64QueryTile128) return DqStrategy::kSeparate;
-  if (d == 256 && !(causal && tk >= kOrderedDqD256MinKeys)) return DqStrategy::kSeparate;
+  if (d == 256)
+    return ordered_from(causal ? kOrderedDqD256MinKeysCausal : kOrderedDqD256MinKeysNonCausal);
   return DqStrategy::kOrdered;
 }
 static_assert(default_dq_strategy(64, true, 4096) != DqStrategy::kAtomic &&
