@@ -9,6 +9,7 @@
 namespace {
 
 using gqattn::flash::default_dq_strategy;
+using gqattn::flash::DkdvTileSize;
 using gqattn::flash::DqStrategy;
 using gqattn::flash::kOrderedDqD256MinKeysCausal;
 using gqattn::flash::kOrderedDqD256MinKeysNonCausal;
@@ -43,22 +44,25 @@ TEST(FlashDqDefault, D256OrderedForLongProblems) {
 
 // The small-shared-memory dK/dV tiles (sm80 at d256, sm86 / sm89 at d64
 // and d128): d64 separate; d128 ordered from 4096 keys, d256 from 2048,
-// causal or not.
+// causal or not. d256's smaller tile (sm86 / sm89) has only the fused dQ:
+// ordered always.
 TEST(FlashDqDefault, SmallTilesOrderedForLongD128AndD256) {
   EXPECT_EQ(kOrderedDqSmallD128MinKeys, 4096);
   EXPECT_EQ(kOrderedDqSmallD256MinKeys, 2048);
   for (bool causal : {false, true}) {
     for (long long tk : {1LL, 1024LL, 16384LL})
-      EXPECT_EQ(default_dq_strategy(64, causal, tk, /*small_smem_dkdv_tile=*/true),
-                DqStrategy::kSeparate);
-    EXPECT_EQ(default_dq_strategy(128, causal, 4096, true), DqStrategy::kOrdered);
-    EXPECT_EQ(default_dq_strategy(128, causal, 16384, true), DqStrategy::kOrdered);
-    EXPECT_EQ(default_dq_strategy(128, causal, 4095, true), DqStrategy::kSeparate);
-    EXPECT_EQ(default_dq_strategy(128, causal, 1024, true), DqStrategy::kSeparate);
-    EXPECT_EQ(default_dq_strategy(256, causal, 2048, true), DqStrategy::kOrdered);
-    EXPECT_EQ(default_dq_strategy(256, causal, 16384, true), DqStrategy::kOrdered);
-    EXPECT_EQ(default_dq_strategy(256, causal, 2047, true), DqStrategy::kSeparate);
-    EXPECT_EQ(default_dq_strategy(256, causal, 1024, true), DqStrategy::kSeparate);
+      EXPECT_EQ(default_dq_strategy(64, causal, tk, DkdvTileSize::kSmall), DqStrategy::kSeparate);
+    EXPECT_EQ(default_dq_strategy(128, causal, 4096, DkdvTileSize::kSmall), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(128, causal, 16384, DkdvTileSize::kSmall), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(128, causal, 4095, DkdvTileSize::kSmall), DqStrategy::kSeparate);
+    EXPECT_EQ(default_dq_strategy(128, causal, 1024, DkdvTileSize::kSmall), DqStrategy::kSeparate);
+    EXPECT_EQ(default_dq_strategy(256, causal, 2048, DkdvTileSize::kSmall), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(256, causal, 16384, DkdvTileSize::kSmall), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(256, causal, 2047, DkdvTileSize::kSmall), DqStrategy::kSeparate);
+    EXPECT_EQ(default_dq_strategy(256, causal, 1024, DkdvTileSize::kSmall), DqStrategy::kSeparate);
+    EXPECT_EQ(default_dq_strategy(256, causal, 1, DkdvTileSize::kSmaller), DqStrategy::kOrdered);
+    EXPECT_EQ(default_dq_strategy(256, causal, 16384, DkdvTileSize::kSmaller),
+              DqStrategy::kOrdered);
   }
 }
 
@@ -66,8 +70,9 @@ TEST(FlashDqDefault, NeverAtomic) {
   for (int d : {64, 128, 256})
     for (bool causal : {false, true})
       for (long long tk : {1LL, 4096LL, 65536LL})
-        for (bool small : {false, true})
-          EXPECT_NE(default_dq_strategy(d, causal, tk, small), DqStrategy::kAtomic);
+        for (DkdvTileSize tile :
+             {DkdvTileSize::kDefault, DkdvTileSize::kSmall, DkdvTileSize::kSmaller})
+          EXPECT_NE(default_dq_strategy(d, causal, tk, tile), DqStrategy::kAtomic);
 }
 
 }  // namespace

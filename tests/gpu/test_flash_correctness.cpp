@@ -13,7 +13,8 @@
 // atomic (Options::deterministic = false) only against the oracle. Every
 // case runs again on the small-shared-memory dK/dV tiles
 // (GQATTN_FLASH_DKDV_TILE=small), which sm86 / sm89 (d64, d128) and sm80
-// (d256) devices take.
+// (d256) devices take, and the d256 cases on d256's smaller tile
+// (GQATTN_FLASH_DKDV_TILE=smaller, sm86 / sm89; fused dQ only).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -185,6 +186,40 @@ TEST_P(FlashSmallSmemTileVsOracle, AtomicDq) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSmallSmemTileVsOracle, ::testing::ValuesIn(all_cases()),
+                         case_name);
+
+// d256's smaller dK/dV tile (16 keys x 64 queries, tile_sizes.hpp), which
+// sm86 / sm89 devices take; it runs only the fused dQ paths (the separate
+// one is refused: test_flash_support.cpp).
+std::vector<FlashCase> d256_cases() {
+  std::vector<FlashCase> d256;
+  for (const FlashCase& c : all_cases())
+    if (c.problem.d == 256) d256.push_back(c);
+  return d256;
+}
+
+class FlashSmallerSmemTileVsOracle : public ::testing::TestWithParam<FlashCase> {};
+
+TEST_P(FlashSmallerSmemTileVsOracle, OrderedDq) {
+  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "smaller");
+  const ScopedDqStrategy strategy("ordered");
+  run_case(GetParam());
+}
+
+TEST_P(FlashSmallerSmemTileVsOracle, AtomicDq) {
+  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "smaller");
+  const ScopedDqStrategy strategy("atomic");
+  run_case(GetParam(), /*deterministic=*/false);
+}
+
+// The switch unset: the default strategy on this tile (ordered).
+TEST_P(FlashSmallerSmemTileVsOracle, DefaultDq) {
+  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "smaller");
+  const ScopedDqStrategy strategy(nullptr);
+  run_case(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashSmallerSmemTileVsOracle, ::testing::ValuesIn(d256_cases()),
                          case_name);
 
 // Options::deterministic = false with the switch unset: the backend picks

@@ -2,8 +2,8 @@
 // (host-only, no device needed), Auto preferring cuda-flash where it runs,
 // misaligned tensors getting an Error that names the argument before
 // anything is written, the dK/dV tile switch GQATTN_FLASH_DKDV_TILE refusing
-// an unknown value, and the dQ strategy switch GQATTN_FLASH_DQ refusing
-// atomic dQ for a deterministic call and unknown values (needs a device;
+// an unknown value (and separate dQ on d256's smaller tile), and the dQ strategy switch
+// GQATTN_FLASH_DQ refusing atomic dQ for a deterministic call and unknown values (needs a device;
 // skips without one).
 #include <gtest/gtest.h>
 
@@ -163,7 +163,24 @@ TEST(FlashSupport, UnknownDkdvTileNamesTheSwitch) {
   const gqattn::Error e = gqattn::test::backward_switch_error(
       small_problem(64), Backend::CudaFlash, "GQATTN_FLASH_DKDV_TILE", "smal", true);
   EXPECT_EQ(e.argument(), "GQATTN_FLASH_DKDV_TILE = 'smal'") << e.what();
-  EXPECT_NE(e.rule().find("must be small or default"), std::string::npos) << e.what();
+  EXPECT_NE(e.rule().find("must be default, small or smaller"), std::string::npos) << e.what();
+}
+
+// d256's smaller dK/dV tile (sm86 / sm89, or forced) has no separate dQ
+// kernel: asking for it is refused before anything is written.
+TEST(FlashSupport, SeparateDqOnTheSmallerTileNamesTheRule) {
+  const gqattn::Explanation why =
+      gqattn::explain(small_problem(256), DType::bf16, Device::cuda, Backend::CudaFlash);
+  if (!why.supported) GTEST_SKIP() << why.reason;
+  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "smaller");
+  const gqattn::Error e = gqattn::test::backward_switch_error(
+      small_problem(256), Backend::CudaFlash, "GQATTN_FLASH_DQ", "separate", true);
+  EXPECT_EQ(e.argument(), "GQATTN_FLASH_DQ = separate") << e.what();
+  EXPECT_EQ(e.rule(),
+            "not supported: cuda-flash's backward at d=256 on devices with less than 145 KB of "
+            "shared memory per block (and with GQATTN_FLASH_DKDV_TILE = smaller) runs only the "
+            "fused dQ paths, ordered and atomic")
+      << e.what();
 }
 
 #else

@@ -147,12 +147,14 @@ __device__ __forceinline__ void gemm_ss_nt(float (&c)[kMT][kNT][4], uint32_t a_t
   }
 }
 
-// kSmallSmem: DkdvTile<kD, true>, for devices with less shared memory.
-template <int kD, typename Elem, bool kSoftcap, bool kFusedDq = false, bool kSmallSmem = false>
+// kSize: DkdvTile<kD, kSize>; the smaller tiles are for devices with less
+// shared memory per block.
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq = false,
+          DkdvTileSize kSize = DkdvTileSize::kDefault>
 __global__ void __launch_bounds__(
-    DkdvTile<kD, kSmallSmem>::kWarpsN* DkdvTile<kD, kSmallSmem>::kWarpsD* kWarpSize)
+    DkdvTile<kD, kSize>::kWarpsN* DkdvTile<kD, kSize>::kWarpsD* kWarpSize)
     backward_dkdv_kernel(const BackwardParams p) {
-  using Tile = DkdvTile<kD, kSmallSmem>;
+  using Tile = DkdvTile<kD, kSize>;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kWarpsD = Tile::kWarpsD;
@@ -201,7 +203,7 @@ __global__ void __launch_bounds__(
   // P^T (kWarpsD > 1), then dS^T (kWarpsD > 1 or fused dQ).
   const uint32_t s_p = s_q0 + kStages * kStageBytes;
   const uint32_t s_ds = s_p + (kWarpsD > 1 ? PTile::kBytes : 0);
-  constexpr uint32_t kPBytes = dkdv_p_tiles<kD, kFusedDq, kSmallSmem>() * PTile::kBytes;
+  constexpr uint32_t kPBytes = dkdv_p_tiles<kD, kFusedDq, kSize>() * PTile::kBytes;
   float* const rows_f =
       reinterpret_cast<float*>(smem + 2 * KVTile::kBytes + kStages * kStageBytes + kPBytes);
   // rows_f: stage s: lse2 at rows_f[2 s kBM], D at rows_f[(2 s + 1) kBM]

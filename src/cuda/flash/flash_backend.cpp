@@ -37,9 +37,8 @@ int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
                             : ForwardTile<256>::kBlockM;
   return ceil_div(Tq, bm) * B * H;
 }
-int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk, bool small_smem_dkdv_tile) {
-  return ceil_div(Tk, dkdv_key_tile(d, small_smem_dkdv_tile && has_small_smem_dkdv_tile(d))) * B *
-         Hkv;
+int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk, DkdvTileSize tile) {
+  return ceil_div(Tk, dkdv_key_tile(d, tile)) * B * Hkv;
 }
 int64_t dq_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
   const int bm = d == 64    ? DqTile<64>::kBlockM
@@ -70,20 +69,24 @@ std::string why_too_little_smem(int64_t d, Pass pass) {
                                     cuda::current_device_properties().max_shared_per_block_optin);
 }
 
-// Whether the backward of d takes the small-shared-memory dK/dV tile: where
-// d has one and the device's shared memory per block is below the default
-// tile's need; GQATTN_FLASH_DKDV_TILE=small forces it where d has one (a
-// testing switch, so that a device with enough shared memory runs it too),
-// =default is the same as unset, and any other value throws.
-bool small_smem_dkdv_tile(int64_t d) {
+// The dK/dV tile the backward of d takes: the largest of d's tiles that
+// fits the device's shared memory per block (flash::dkdv_tile_for_device).
+// GQATTN_FLASH_DKDV_TILE=small or =smaller forces that size, or d's
+// smallest where d has none that small (a testing switch, so that a device
+// with enough shared memory runs them too); =default is the same as unset,
+// and any other value throws.
+flash::DkdvTileSize dkdv_tile(int64_t d) {
   constexpr const char* kVar = "GQATTN_FLASH_DKDV_TILE";
   const char* env = std::getenv(kVar);
   if (env != nullptr && std::strcmp(env, "small") == 0)
-    return flash::has_small_smem_dkdv_tile(int(d));
+    return flash::clamp_dkdv_tile(int(d), flash::DkdvTileSize::kSmall);
+  if (env != nullptr && std::strcmp(env, "smaller") == 0)
+    return flash::clamp_dkdv_tile(int(d), flash::DkdvTileSize::kSmaller);
   if (env != nullptr && *env != '\0' && std::strcmp(env, "default") != 0)
-    throw Error(std::string(kVar) + " = '" + env + "'", "must be small or default (or unset)");
-  return flash::use_small_smem_dkdv_tile(
-      int(d), cuda::current_device_properties().max_shared_per_block_optin);
+    throw Error(std::string(kVar) + " = '" + env + "'",
+                "must be default, small or smaller (or unset)");
+  return flash::dkdv_tile_for_device(int(d),
+                                     cuda::current_device_properties().max_shared_per_block_optin);
 }
 
 // "" when t's data pointer and the strides of every dimension that is
@@ -112,16 +115,30 @@ std::string why_not_resident(const TensorRef& t, const char* name) {
 // fastest, atomic.
 // Atomic is never run for a call that asked for deterministic results:
 // GQATTN_FLASH_DQ=atomic then throws, as does an unknown value (a typo must
-// not silently measure something else).
-flash::DqStrategy dq_strategy(const Problem& problem, bool deterministic, bool small_dkdv_tile) {
+// not silently measure something else), and so does separate with a dK/dV
+// tile that has no separate dQ kernel (d256's kSmaller).
+flash::DqStrategy dq_strategy(const Problem& problem, bool deterministic,
+                              flash::DkdvTileSize tile) {
   constexpr const char* kVar = "GQATTN_FLASH_DQ";
   const char* env = std::getenv(kVar);
   if (env == nullptr || *env == '\0')
-    return deterministic ? flash::default_dq_strategy(int(problem.d), problem.causal, problem.Tk,
-                                                      small_dkdv_tile)
-                         : flash::DqStrategy::kAtomic;
+    return deterministic
+               ? flash::default_dq_strategy(int(problem.d), problem.causal, problem.Tk, tile)
+               : flash::DqStrategy::kAtomic;
   if (std::strcmp(env, "ordered") == 0) return flash::DqStrategy::kOrdered;
-  if (std::strcmp(env, "separate") == 0) return flash::DqStrategy::kSeparate;
+  if (std::strcmp(env, "separate") == 0) {
+    if (flash::dkdv_fused_dq_only(int(problem.d), tile)) {
+      constexpr std::size_t kKB = 1024;
+      const std::size_t small_tile_kb =
+          (flash::dkdv_max_smem_bytes(int(problem.d), flash::DkdvTileSize::kSmall) + kKB - 1) / kKB;
+      throw Error(std::string(kVar) + " = separate",
+                  "not supported: cuda-flash's backward at d=" + std::to_string(problem.d) +
+                      " on devices with less than " + std::to_string(small_tile_kb) +
+                      " KB of shared memory per block (and with GQATTN_FLASH_DKDV_TILE = "
+                      "smaller) runs only the fused dQ paths, ordered and atomic");
+    }
+    return flash::DqStrategy::kSeparate;
+  }
   if (std::strcmp(env, "atomic") == 0) {
     if (deterministic)
       throw Error(std::string(kVar) + " = atomic",
@@ -140,7 +157,7 @@ class CudaFlashBackend final : public BackendImpl {
   Backend id() const override { return Backend::CudaFlash; }
 
   // The forward: its own grid and shared memory, so a forward runs on a
-  // device too small for the backward's kernels (sm86 / sm89 at d256).
+  // device too small for the backward's kernels.
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
     const std::string shared = flash::why_not_fused_problem("cuda-flash", p, dtype, device);
     if (!shared.empty()) return shared;
@@ -159,11 +176,13 @@ class CudaFlashBackend final : public BackendImpl {
     const std::string forward_reason = why_not(p, dtype, device);
     if (!forward_reason.empty()) return forward_reason;
     const int d = int(p.d);
-    // Both dK/dV tiles' grids: which one runs is decided per call (the
+    // Every dK/dV tile's grid: which one runs is decided per call (the
     // device, GQATTN_FLASH_DKDV_TILE).
+    using S = flash::DkdvTileSize;
     const int64_t grid = std::max(
-        {flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, false),
-         flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, true), flash::dq_blocks(d, p.B, p.H, p.Tq),
+        {flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, S::kDefault),
+         flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, S::kSmall),
+         flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, S::kSmaller), flash::dq_blocks(d, p.B, p.H, p.Tq),
          flash::preprocess_blocks(p.B, p.H, flash::tq_padded(p.Tq)),
          flash::dq_postprocess_blocks(d, p.B, p.H, flash::tq_padded(p.Tq))});
     if (grid > kMaxGridX)
@@ -210,10 +229,10 @@ class CudaFlashBackend final : public BackendImpl {
     flash::BackwardParams p = flash::backward_params(a);
     const int64_t padded = p.tq_padded;
 
-    // Before anything is allocated or written: may throw (see
-    // small_smem_dkdv_tile and dq_strategy).
-    const bool small_tile = small_smem_dkdv_tile(a.problem.d);
-    const flash::DqStrategy strategy = dq_strategy(a.problem, a.options.deterministic, small_tile);
+    // Before anything is allocated or written: may throw (see dkdv_tile and
+    // dq_strategy).
+    const flash::DkdvTileSize tile = dkdv_tile(a.problem.d);
+    const flash::DqStrategy strategy = dq_strategy(a.problem, a.options.deterministic, tile);
     const bool ordered = strategy == flash::DqStrategy::kOrdered;
     const bool fused = ordered || strategy == flash::DqStrategy::kAtomic;
 
@@ -235,9 +254,9 @@ class CudaFlashBackend final : public BackendImpl {
     if (ordered) p.dq_counters = reinterpret_cast<int*>(p.dq_accum + accum);
     const ElemType elem = elem_type(a.q.dtype);
     switch (a.problem.d) {
-      case 64: flash::launch_backward<64>(p, elem, small_tile, a.options.stream); break;
-      case 128: flash::launch_backward<128>(p, elem, small_tile, a.options.stream); break;
-      default: flash::launch_backward<256>(p, elem, small_tile, a.options.stream); break;
+      case 64: flash::launch_backward<64>(p, elem, tile, a.options.stream); break;
+      case 128: flash::launch_backward<128>(p, elem, tile, a.options.stream); break;
+      default: flash::launch_backward<256>(p, elem, tile, a.options.stream); break;
     }
   }
 };

@@ -6,12 +6,12 @@
 // of the dQ kernel: ordered (p.dq_counters set) zeroes the counters and the
 // kernel adds in ascending key-tile order (see backward_dkdv_kernel.cuh);
 // atomic (p.dq_counters null, not deterministic) zeroes the accumulator
-// instead. The dK/dV kernel takes DkdvTile<kD, true> when the backend asks
-// for the small-shared-memory tile (devices whose shared memory per block is
-// below the default tile's: use_small_smem_dkdv_tile in tile_sizes.hpp).
-// Instantiated per head
-// dimension by launch_backward_d*.cu. Checked through
-// tests/gpu/test_flash_*.cpp.
+// instead. The dK/dV kernel takes the tile the backend asks for
+// (DkdvTile<kD, size>: the default, or a smaller one for devices whose
+// shared memory per block is below the default tile's, dkdv_tile_for_device
+// in tile_sizes.hpp); a kFusedDqOnly tile has no separate dQ path (the
+// backend never asks for it). Instantiated per head dimension by
+// launch_backward_d*.cu. Checked through tests/gpu/test_flash_*.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,19 +22,20 @@
 #include "cuda/flash/backward_dq_postprocess.cuh"
 #include "cuda/flash/backward_preprocess.cuh"
 #include "cuda/flash/launchers.hpp"
+#include "gqattn/error.hpp"
 
 namespace gqattn::flash {
 
-template <int kD, typename Elem, bool kSoftcap, bool kSmallSmem>
+template <int kD, typename Elem, bool kSoftcap, DkdvTileSize kSize>
 void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
   {
     const int blocks = int(preprocess_blocks(p.B, p.H, p.tq_padded));
     backward_preprocess_kernel<kD, Elem><<<blocks, kPreprocessThreads, 0, stream>>>(p);
     cuda::check_launch("cuda-flash backward_preprocess_kernel");
   }
-  using DkdvT = DkdvTile<kD, kSmallSmem>;
+  using DkdvT = DkdvTile<kD, kSize>;
   constexpr int kDkdvThreads = DkdvT::kWarpsN * DkdvT::kWarpsD * kWarpSize;
-  const int dkdv_grid = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk, kSmallSmem));
+  const int dkdv_grid = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk, kSize));
   if (p.dq_accum != nullptr) {
     const std::size_t rows = std::size_t(p.B) * p.H * std::size_t(p.tq_padded);
     if (p.dq_counters != nullptr) {  // ordered: the first key tile stores
@@ -44,8 +45,8 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
       const std::size_t accum = rows * kD * sizeof(float);
       GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, accum, stream));
     }
-    constexpr int kSmem = int(dkdv_smem_bytes<kD, true, kSmallSmem>());
-    auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSmallSmem>;
+    constexpr int kSmem = int(dkdv_smem_bytes<kD, true, kSize>());
+    auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSize>;
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
@@ -57,15 +58,20 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
     cuda::check_launch("cuda-flash backward_dq_postprocess_kernel");
     return;
   }
-  {
-    constexpr int kSmem = int(dkdv_smem_bytes<kD, false, kSmallSmem>());
-    auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSmallSmem>;
-    GQATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
-    cuda::check_launch("cuda-flash backward_dkdv_kernel");
-  }
-  {
+  if constexpr (DkdvT::kFusedDqOnly) {
+    // The backend never asks for this (dq_strategy in flash_backend.cpp).
+    throw Error("cuda-flash's backward",
+                "internal: the separate dQ path was asked of a dK/dV "
+                "tile that has only the fused dQ paths");
+  } else {
+    {
+      constexpr int kSmem = int(dkdv_smem_bytes<kD, false, kSize>());
+      auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSize>;
+      GQATTN_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
+      cuda::check_launch("cuda-flash backward_dkdv_kernel");
+    }
     using Tile = DqTile<kD>;
     constexpr int kThreads = Tile::kWarps * kWarpSize;
     constexpr int kSmem = int(dq_smem_bytes<kD>());
@@ -78,29 +84,33 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
   }
 }
 
-template <int kD, bool kSmallSmem>
+template <int kD, DkdvTileSize kSize>
 void launch_backward_tile(const BackwardParams& p, ElemType elem, cudaStream_t s) {
   if (elem == ElemType::bf16) {
     if (p.score.softcap)
-      launch_backward_typed<kD, __nv_bfloat16, true, kSmallSmem>(p, s);
+      launch_backward_typed<kD, __nv_bfloat16, true, kSize>(p, s);
     else
-      launch_backward_typed<kD, __nv_bfloat16, false, kSmallSmem>(p, s);
+      launch_backward_typed<kD, __nv_bfloat16, false, kSize>(p, s);
   } else {
     if (p.score.softcap)
-      launch_backward_typed<kD, __half, true, kSmallSmem>(p, s);
+      launch_backward_typed<kD, __half, true, kSize>(p, s);
     else
-      launch_backward_typed<kD, __half, false, kSmallSmem>(p, s);
+      launch_backward_typed<kD, __half, false, kSize>(p, s);
   }
 }
 
 template <int kD>
-void launch_backward(const BackwardParams& p, ElemType elem, bool small_smem_dkdv_tile,
-                     void* stream) {
+void launch_backward(const BackwardParams& p, ElemType elem, DkdvTileSize tile, void* stream) {
+  using S = DkdvTileSize;
   const auto s = static_cast<cudaStream_t>(stream);
-  if constexpr (has_small_smem_dkdv_tile(kD)) {
-    if (small_smem_dkdv_tile) return launch_backward_tile<kD, true>(p, elem, s);
+  tile = clamp_dkdv_tile(kD, tile);
+  if constexpr (int(smallest_dkdv_tile(kD)) >= int(S::kSmaller)) {
+    if (tile == S::kSmaller) return launch_backward_tile<kD, S::kSmaller>(p, elem, s);
   }
-  launch_backward_tile<kD, false>(p, elem, s);
+  if constexpr (int(smallest_dkdv_tile(kD)) >= int(S::kSmall)) {
+    if (tile == S::kSmall) return launch_backward_tile<kD, S::kSmall>(p, elem, s);
+  }
+  launch_backward_tile<kD, S::kDefault>(p, elem, s);
 }
 
 }  // namespace gqattn::flash

@@ -4,5 +4,5 @@
 #include "cuda/flash/launch_backward.cuh"
 
 namespace gqattn::flash {
-template void launch_backward<256>(const BackwardParams&, ElemType, bool, void*);
+template void launch_backward<256>(const BackwardParams&, ElemType, DkdvTileSize, void*);
 }  // namespace gqattn::flash

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda/flash/params.hpp"
+#include "cuda/flash/tile_sizes.hpp"
 
 namespace gqattn::flash {
 
@@ -16,22 +17,22 @@ void launch_forward(const ForwardParams& params, ElemType elem, void* stream);
 
 // dq, dk, dv; params.lse2 / dsum must point at a workspace of
 // 2 * B * H * tq_padded floats' worth (see BackwardParams).
-// small_smem_dkdv_tile: use_small_smem_dkdv_tile (tile_sizes.hpp) for this
-// device, or the test switch; ignored for a d without such a tile.
+// tile: dkdv_tile_for_device (tile_sizes.hpp) for this device, or the test
+// switch; clamped to the sizes d has. With a kFusedDqOnly tile params.dq_accum
+// must be set (ordered or atomic dQ).
 template <int kD>
-void launch_backward(const BackwardParams& params, ElemType elem, bool small_smem_dkdv_tile,
-                     void* stream);
+void launch_backward(const BackwardParams& params, ElemType elem, DkdvTileSize tile, void* stream);
 
 extern template void launch_forward<64>(const ForwardParams&, ElemType, void*);
 extern template void launch_forward<128>(const ForwardParams&, ElemType, void*);
 extern template void launch_forward<256>(const ForwardParams&, ElemType, void*);
-extern template void launch_backward<64>(const BackwardParams&, ElemType, bool, void*);
-extern template void launch_backward<128>(const BackwardParams&, ElemType, bool, void*);
-extern template void launch_backward<256>(const BackwardParams&, ElemType, bool, void*);
+extern template void launch_backward<64>(const BackwardParams&, ElemType, DkdvTileSize, void*);
+extern template void launch_backward<128>(const BackwardParams&, ElemType, DkdvTileSize, void*);
+extern template void launch_backward<256>(const BackwardParams&, ElemType, DkdvTileSize, void*);
 
 // Grid sizes the launchers use (the backend checks them against the limits).
 int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq);
-int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk, bool small_smem_dkdv_tile);
+int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk, DkdvTileSize tile);
 int64_t dq_blocks(int d, int64_t B, int64_t H, int64_t Tq);
 int64_t preprocess_blocks(int64_t B, int64_t H, int64_t tq_padded);
 int64_t dq_postprocess_blocks(int d, int64_t B, int64_t H, int64_t tq_padded);

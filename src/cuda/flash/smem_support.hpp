@@ -1,8 +1,7 @@
 // cuda-flash: whether a device's shared memory per block takes a pass's
-// kernels (the forward's; the backward's with the small-shared-memory dK/dV
-// tiles), and the reason when it does not. Plain C++: the backend passes the
-// device's opt-in limit, so the refusals an H200 never gives (d256's
-// backward on sm86 / sm89) are checked on the CPU by
+// kernels (the forward's; the backward's with its smallest dK/dV tile), and
+// the reason when it does not. Plain C++: the backend passes the device's
+// opt-in limit, so refusals an H200 never gives are checked on the CPU by
 // tests/cpu/test_flash_tile_choice.cpp.
 #pragma once
 
@@ -14,8 +13,8 @@
 namespace gqattn::flash {
 
 // Shared memory per block the kernels of one pass need at head dimension d
-// (64, 128 or 256): the forward's, or every backward kernel's with the
-// small dK/dV tile (backward_min_smem_bytes).
+// (64, 128 or 256): the forward's, or the backward's on its smallest dK/dV
+// tile (backward_min_smem_bytes).
 inline std::size_t smem_needed(int d, bool backward) {
   switch (d) {
     case 64: return backward ? backward_min_smem_bytes<64>() : forward_smem_bytes<64>();

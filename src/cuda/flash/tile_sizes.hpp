@@ -80,13 +80,19 @@ struct ForwardTile<256> {
 // per step either way; its 128-query tile below is 4 x 2 too.) Set to
 // false for 8 x 1.
 constexpr bool kDkdvD128SplitWarps = true;
-// kSmallSmem: the tile for devices whose shared memory per block is too
-// small for the default one (use_small_smem_dkdv_tile, below).
+// kSize: the default tile, or a smaller one for devices whose shared memory
+// per block is too small for it (dkdv_tile_for_device, below): kSmall for
+// d64, d128 (sm86 / sm89) and d256 (sm80), kSmaller for d256 on sm86 /
+// sm89.
 // kQueryStages: Q, dO, lse2 and D double-buffered (2: step t+1's loads are
 // issued when step t opens) or single-buffered (1: issued once every warp
 // is past step t's dV / dK products, so they overlap only its dQ partial;
 // the kernel has that path for kWarpsD > 1 only).
-template <int kD, bool kSmallSmem = false>
+// kFusedDqOnly: no separate dQ kernel beside this tile (the backend runs
+// ordered or atomic dQ with it; its dK/dV kernel without fused dQ is not
+// instantiated).
+enum class DkdvTileSize { kDefault, kSmall, kSmaller };
+template <int kD, DkdvTileSize kSize = DkdvTileSize::kDefault>
 struct DkdvTile;
 // Fused (ordered or atomic) dQ partial dS K in the dK/dV kernel, d128 and
 // d256: warps 2 (queries, 32 each: two m16 tiles) x 4 (columns) instead of
@@ -111,11 +117,12 @@ constexpr bool kFusedDqTwoRowTiles = true;
 // 64 x 8x1 everywhere.
 constexpr bool kDkdvD64QueryTile128 = true;
 template <>
-struct DkdvTile<64, true> {
+struct DkdvTile<64, DkdvTileSize::kSmall> {
   static constexpr int kBlockN = 128, kBlockM = 64, kWarpsN = 8, kWarpsD = 1;
   static constexpr int kKeyTilesPerWarp = 1;
   static constexpr int kDqRowTilesPerWarp = 1;
   static constexpr int kQueryStages = 2;
+  static constexpr bool kFusedDqOnly = false;
 };
 template <>
 struct DkdvTile<64> {
@@ -126,6 +133,7 @@ struct DkdvTile<64> {
   static constexpr int kKeyTilesPerWarp = kDkdvD64QueryTile128 ? 2 : 1;
   static constexpr int kDqRowTilesPerWarp = kDkdvD64QueryTile128 ? 2 : 1;
   static constexpr int kQueryStages = 2;
+  static constexpr bool kFusedDqOnly = false;
 };
 template <>
 struct DkdvTile<128> {
@@ -135,6 +143,7 @@ struct DkdvTile<128> {
   static constexpr int kKeyTilesPerWarp = kDkdvD128SplitWarps ? 2 : 1;
   static constexpr int kDqRowTilesPerWarp = kFusedDqTwoRowTiles ? 2 : 1;
   static constexpr int kQueryStages = 2;
+  static constexpr bool kFusedDqOnly = false;
 };
 // d128 for devices below the default tile's 161 KB per block (sm86 and sm89
 // allow 99 KB; sm80's 163 KB fit the default): 64 keys x 64 queries on 4 x 2
@@ -142,11 +151,12 @@ struct DkdvTile<128> {
 // dS^T 16 KB (80.5 KB), where double-buffering would need 113 KB.
 // FlashAttention-2 takes 64 x 64 there too (double-buffering Q, not dO).
 template <>
-struct DkdvTile<128, true> {
+struct DkdvTile<128, DkdvTileSize::kSmall> {
   static constexpr int kBlockN = 64, kBlockM = 64, kWarpsN = 4, kWarpsD = 2;
   static constexpr int kKeyTilesPerWarp = 1;
   static constexpr int kDqRowTilesPerWarp = 2;
   static constexpr int kQueryStages = 1;
+  static constexpr bool kFusedDqOnly = false;
 };
 // d256: warps 2 (keys, 32 each) x 4 (columns, 64 each; S^T queries, 16
 // each) instead of 4 x 2 with 16 keys: 576 instead of 672 KB of shared
@@ -160,18 +170,38 @@ struct DkdvTile<256> {
   static constexpr int kKeyTilesPerWarp = kDkdvD256TwoKeyTiles ? 2 : 1;
   static constexpr int kDqRowTilesPerWarp = kFusedDqTwoRowTiles ? 2 : 1;
   static constexpr int kQueryStages = 2;
+  static constexpr bool kFusedDqOnly = false;
 };
 // d256 for devices below the default tile's 209 KB (sm80 allows 163 KB): the
 // same shape single-buffered, K, V 64 KB + Q, dO 64 KB + P^T, dS^T 16 KB
-// (145 KB). sm86 / sm89 (99 KB) fit neither: there d256's backward is not
-// supported (backward_min_smem_bytes).
+// (145 KB). sm86 / sm89 (99 KB) take the next one.
 template <>
-struct DkdvTile<256, true> {
+struct DkdvTile<256, DkdvTileSize::kSmall> {
   static constexpr int kBlockN = DkdvTile<256>::kBlockN, kBlockM = DkdvTile<256>::kBlockM;
   static constexpr int kWarpsN = DkdvTile<256>::kWarpsN, kWarpsD = DkdvTile<256>::kWarpsD;
   static constexpr int kKeyTilesPerWarp = DkdvTile<256>::kKeyTilesPerWarp;
   static constexpr int kDqRowTilesPerWarp = DkdvTile<256>::kDqRowTilesPerWarp;
   static constexpr int kQueryStages = 1;
+  static constexpr bool kFusedDqOnly = false;
+};
+
+// d256 for sm86 / sm89 (99 KB per block): 16 keys x 64 queries on 1 x 4
+// warps (one m16 key tile; each warp 16 queries of S^T / dP^T and 64
+// columns of dK, dV), single-buffered: K, V 16 KB + Q, dO 64 KB + P^T, dS^T
+// 4 KB (84.5 KB). The query tile stays 64 (the ordered dQ's counters count
+// query tiles of the default's kBlockM), so what shrinks is the key tile:
+// 32 keys would need 104.5 KB, and fewer than 64 queries would make P^T /
+// dS^T rows shorter than the 128 bytes the swizzled layout needs
+// (smem_layout.hpp). Fused dQ only (kFusedDqOnly): the separate dQ kernel
+// needs 128 KB at d256. FlashAttention-2 runs d256's backward there on 64 x
+// 32 tiles with V in registers.
+template <>
+struct DkdvTile<256, DkdvTileSize::kSmaller> {
+  static constexpr int kBlockN = 16, kBlockM = 64, kWarpsN = 1, kWarpsD = 4;
+  static constexpr int kKeyTilesPerWarp = 1;
+  static constexpr int kDqRowTilesPerWarp = 2;
+  static constexpr int kQueryStages = 1;
+  static constexpr bool kFusedDqOnly = true;
 };
 
 // dQ, d64 and d128: 4 warps x 32 query rows (two m16 tiles) instead of 8 x
@@ -243,12 +273,14 @@ constexpr int kOrderedDqD256MinKeysCausal = 2048;
 constexpr int kOrderedDqD256MinKeysNonCausal = 8192;
 constexpr int kOrderedDqSmallD128MinKeys = 4096;
 constexpr int kOrderedDqSmallD256MinKeys = 2048;
+// - d256's kSmaller tile (sm86 / sm89) has no separate dQ: ordered.
 constexpr DqStrategy default_dq_strategy(int d, bool causal, long long tk,
-                                         bool small_smem_dkdv_tile = false) {
+                                         DkdvTileSize tile = DkdvTileSize::kDefault) {
   const auto ordered_from = [tk](long long min_keys) {
     return tk >= min_keys ? DqStrategy::kOrdered : DqStrategy::kSeparate;
   };
-  if (small_smem_dkdv_tile) {
+  if (tile == DkdvTileSize::kSmaller) return DqStrategy::kOrdered;
+  if (tile == DkdvTileSize::kSmall) {
     if (d == 128) return ordered_from(kOrderedDqSmallD128MinKeys);
     if (d == 256) return ordered_from(kOrderedDqSmallD256MinKeys);
     return DqStrategy::kSeparate;
@@ -286,25 +318,27 @@ constexpr std::size_t forward_smem_bytes() {
 // Tiles of kBlockN x kBlockM 16-bit values the dK/dV kernel keeps in shared
 // memory: P^T and dS^T when kWarpsD > 1; else dS^T alone for fused
 // (ordered or atomic) dQ.
-template <int kD, bool kFusedDq, bool kSmallSmem = false>
+template <int kD, bool kFusedDq, DkdvTileSize kSize = DkdvTileSize::kDefault>
 constexpr int dkdv_p_tiles() {
-  return DkdvTile<kD, kSmallSmem>::kWarpsD > 1 ? 2 : (kFusedDq ? 1 : 0);
+  return DkdvTile<kD, kSize>::kWarpsD > 1 ? 2 : (kFusedDq ? 1 : 0);
 }
-template <int kD, bool kFusedDq = false, bool kSmallSmem = false>
+template <int kD, bool kFusedDq = false, DkdvTileSize kSize = DkdvTileSize::kDefault>
 constexpr std::size_t dkdv_smem_bytes() {
-  using T = DkdvTile<kD, kSmallSmem>;
+  using T = DkdvTile<kD, kSize>;
   const std::size_t kv = std::size_t(2) * T::kBlockN * kD * kElemBytes;
   const std::size_t q_do = std::size_t(T::kQueryStages) * 2 * T::kBlockM * kD * kElemBytes;
   const std::size_t p_ds =
-      std::size_t(dkdv_p_tiles<kD, kFusedDq, kSmallSmem>()) * T::kBlockN * T::kBlockM * kElemBytes;
+      std::size_t(dkdv_p_tiles<kD, kFusedDq, kSize>()) * T::kBlockN * T::kBlockM * kElemBytes;
   const std::size_t rows = std::size_t(T::kQueryStages) * 2 * T::kBlockM * sizeof(float);
   return kv + q_do + p_ds + rows;
 }
-// Both dK/dV kernels of a tile (separate and fused dQ).
-template <int kD, bool kSmallSmem = false>
+// The dK/dV kernels of a tile that run (separate and fused dQ; fused only
+// for a kFusedDqOnly tile).
+template <int kD, DkdvTileSize kSize = DkdvTileSize::kDefault>
 constexpr std::size_t dkdv_max_smem_bytes() {
-  return std::max(dkdv_smem_bytes<kD, false, kSmallSmem>(),
-                  dkdv_smem_bytes<kD, true, kSmallSmem>());
+  const std::size_t fused = dkdv_smem_bytes<kD, true, kSize>();
+  if constexpr (DkdvTile<kD, kSize>::kFusedDqOnly) return fused;
+  return std::max(dkdv_smem_bytes<kD, false, kSize>(), fused);
 }
 template <int kD>
 constexpr std::size_t dq_smem_bytes() {
@@ -313,40 +347,72 @@ constexpr std::size_t dq_smem_bytes() {
          std::size_t(kKeyStages) * 2 * T::kBlockN * kD * kElemBytes;
 }
 
-// Whether head dimension d has a dK/dV tile for smaller shared memory.
-constexpr bool has_small_smem_dkdv_tile(int d) {
-  return (d == 64 && kDkdvD64QueryTile128) || d == 128 || d == 256;
+// The smallest dK/dV tile head dimension d has; d has every size up to it.
+constexpr DkdvTileSize smallest_dkdv_tile(int d) {
+  if (d == 256) return DkdvTileSize::kSmaller;
+  if (d == 128 || (d == 64 && kDkdvD64QueryTile128)) return DkdvTileSize::kSmall;
+  return DkdvTileSize::kDefault;
 }
-// Shared memory per block of d's dK/dV kernels on the default or the small
-// tile (d in {64, 128, 256}; small only where d has one).
-constexpr std::size_t dkdv_max_smem_bytes(int d, bool small) {
+// The size that runs when `wanted` is asked for: wanted, or d's smallest
+// where d has no tile that small.
+constexpr DkdvTileSize clamp_dkdv_tile(int d, DkdvTileSize wanted) {
+  return int(wanted) <= int(smallest_dkdv_tile(d)) ? wanted : smallest_dkdv_tile(d);
+}
+// Calls F<kD, kSize>() for d (64, 128, 256) and a size d has, at run time.
+template <template <int, DkdvTileSize> class F>
+constexpr auto for_dkdv_tile(int d, DkdvTileSize size) {
+  using S = DkdvTileSize;
   switch (d) {
-    case 64: return small ? dkdv_max_smem_bytes<64, true>() : dkdv_max_smem_bytes<64>();
-    case 128: return small ? dkdv_max_smem_bytes<128, true>() : dkdv_max_smem_bytes<128>();
-    default: return small ? dkdv_max_smem_bytes<256, true>() : dkdv_max_smem_bytes<256>();
+    case 64: return size == S::kDefault ? F<64, S::kDefault>::value() : F<64, S::kSmall>::value();
+    case 128:
+      return size == S::kDefault ? F<128, S::kDefault>::value() : F<128, S::kSmall>::value();
+    default:
+      return size == S::kDefault ? F<256, S::kDefault>::value()
+             : size == S::kSmall ? F<256, S::kSmall>::value()
+                                 : F<256, S::kSmaller>::value();
   }
+}
+template <int kD, DkdvTileSize kSize>
+struct DkdvMaxSmem {
+  static constexpr std::size_t value() { return dkdv_max_smem_bytes<kD, kSize>(); }
+};
+template <int kD, DkdvTileSize kSize>
+struct DkdvKeyTile {
+  static constexpr int value() { return DkdvTile<kD, kSize>::kBlockN; }
+};
+template <int kD, DkdvTileSize kSize>
+struct DkdvFusedDqOnly {
+  static constexpr bool value() { return DkdvTile<kD, kSize>::kFusedDqOnly; }
+};
+// Shared memory per block of d's dK/dV kernels on a tile (clamped to the
+// sizes d has).
+constexpr std::size_t dkdv_max_smem_bytes(int d, DkdvTileSize size) {
+  return for_dkdv_tile<DkdvMaxSmem>(d, clamp_dkdv_tile(d, size));
 }
 // The key tile (kBlockN) of d's dK/dV kernels: the dK/dV grid's unit.
-constexpr int dkdv_key_tile(int d, bool small) {
-  switch (d) {
-    case 64: return small ? DkdvTile<64, true>::kBlockN : DkdvTile<64>::kBlockN;
-    case 128: return small ? DkdvTile<128, true>::kBlockN : DkdvTile<128>::kBlockN;
-    default: return small ? DkdvTile<256, true>::kBlockN : DkdvTile<256>::kBlockN;
-  }
+constexpr int dkdv_key_tile(int d, DkdvTileSize size) {
+  return for_dkdv_tile<DkdvKeyTile>(d, clamp_dkdv_tile(d, size));
 }
-// Whether the backward runs d's small-shared-memory dK/dV tile on a device
-// that allows optin_smem bytes per block: where there is one and the
-// default tile does not fit.
-constexpr bool use_small_smem_dkdv_tile(int d, std::size_t optin_smem) {
-  return has_small_smem_dkdv_tile(d) && optin_smem < dkdv_max_smem_bytes(d, false);
+// Whether d's tile of this size runs without a separate dQ kernel.
+constexpr bool dkdv_fused_dq_only(int d, DkdvTileSize size) {
+  return for_dkdv_tile<DkdvFusedDqOnly>(d, clamp_dkdv_tile(d, size));
 }
-// The shared memory per block cuda-flash's backward needs for head
-// dimension kD: every backward kernel, with the small dK/dV tile where there
-// is one (the forward needs forward_smem_bytes, which is less).
+// The dK/dV tile the backward runs at d on a device that allows optin_smem
+// bytes per block: the largest of d's tiles that fits (d's smallest when
+// none does; the backend's support check refuses that device).
+constexpr DkdvTileSize dkdv_tile_for_device(int d, std::size_t optin_smem) {
+  for (DkdvTileSize size : {DkdvTileSize::kDefault, DkdvTileSize::kSmall})
+    if (clamp_dkdv_tile(d, size) == size && dkdv_max_smem_bytes(d, size) <= optin_smem) return size;
+  return smallest_dkdv_tile(d);
+}
+// The shared memory per block cuda-flash's backward needs at head
+// dimension kD: its smallest dK/dV tile's kernels, and the separate dQ
+// kernel unless that tile runs without it.
 template <int kD>
 constexpr std::size_t backward_min_smem_bytes() {
-  std::size_t dkdv = dkdv_max_smem_bytes<kD>();
-  if constexpr (has_small_smem_dkdv_tile(kD)) dkdv = dkdv_max_smem_bytes<kD, true>();
+  constexpr DkdvTileSize kSmallest = smallest_dkdv_tile(kD);
+  const std::size_t dkdv = dkdv_max_smem_bytes<kD, kSmallest>();
+  if constexpr (DkdvTile<kD, kSmallest>::kFusedDqOnly) return dkdv;
   return std::max(dkdv, dq_smem_bytes<kD>());
 }
 
