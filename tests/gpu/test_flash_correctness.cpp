@@ -188,7 +188,7 @@ TEST_P(FlashSmallSmemTileVsOracle, AtomicDq) {
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSmallSmemTileVsOracle, ::testing::ValuesIn(all_cases()),
                          case_name);
 
-// d256's smaller dK/dV tile (16 keys x 64 queries, tile_sizes.hpp), which
+// d256's smaller dK/dV tile (32 keys x 64 queries, V in registers, tile_sizes.hpp), which
 // sm86 / sm89 devices take; it runs only the fused dQ paths (the separate
 // one is refused: test_flash_support.cpp).
 std::vector<FlashCase> d256_cases() {

@@ -147,6 +147,26 @@ __device__ __forceinline__ void gemm_ss_nt(float (&c)[kMT][kNT][4], uint32_t a_t
   }
 }
 
+// C += A B as gemm_ss_nt, with A's fragments already in registers (a[mt][kk]
+// of m16 tile mt, k-step kk).
+template <typename Elem, typename BTile, int kSteps, int kMT, int kNT>
+__device__ __forceinline__ void gemm_rs_nt(float (&c)[kMT][kNT][4],
+                                           const uint32_t (&a)[kMT][kSteps][4], uint32_t b_tile,
+                                           int b_row0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      uint32_t bf[4];
+      load_b<BTile>(bf, b_tile, b_row0 + np * 2 * kMmaN, kk, lane);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma_16816<Elem>(c[mt][2 * np], a[mt][kk], bf[0], bf[1]);
+        mma_16816<Elem>(c[mt][2 * np + 1], a[mt][kk], bf[2], bf[3]);
+      }
+    }
+}
+
 // kSize: DkdvTile<kD, kSize>; the smaller tiles are for devices with less
 // shared memory per block.
 template <int kD, typename Elem, bool kSoftcap, bool kFusedDq = false,
@@ -200,10 +220,17 @@ __global__ void __launch_bounds__(
   const uint32_t s_v = smem_addr(smem_v);
   const uint32_t s_q0 = s_v + KVTile::kBytes;          // stage s: Q at s_q0 + s * kStageBytes
   constexpr uint32_t kStageBytes = 2 * QTile::kBytes;  // Q then dO
-  // P^T (kWarpsD > 1), then dS^T (kWarpsD > 1 or fused dQ).
-  const uint32_t s_p = s_q0 + kStages * kStageBytes;
+  // P^T (kWarpsD > 1), then dS^T (kWarpsD > 1 or fused dQ); with V in
+  // registers (Tile::kVInRegisters) both in V's space, free once every warp
+  // holds its V fragments.
+  constexpr bool kVInRegisters = Tile::kVInRegisters;
+  static_assert(
+      !kVInRegisters || dkdv_p_tiles<kD, kFusedDq, kSize>() * PTile::kBytes <= KVTile::kBytes,
+      "P^T and dS^T fit in V's space");
+  const uint32_t s_p = kVInRegisters ? s_v : s_q0 + kStages * kStageBytes;
   const uint32_t s_ds = s_p + (kWarpsD > 1 ? PTile::kBytes : 0);
-  constexpr uint32_t kPBytes = dkdv_p_tiles<kD, kFusedDq, kSize>() * PTile::kBytes;
+  constexpr uint32_t kPBytes =
+      kVInRegisters ? 0 : dkdv_p_tiles<kD, kFusedDq, kSize>() * PTile::kBytes;
   float* const rows_f =
       reinterpret_cast<float*>(smem + 2 * KVTile::kBytes + kStages * kStageBytes + kPBytes);
   // rows_f: stage s: lse2 at rows_f[2 s kBM], D at rows_f[(2 s + 1) kBM]
@@ -294,6 +321,21 @@ __global__ void __launch_bounds__(
 
   float acc_dk[kMT][kDT][4] = {};
   float acc_dv[kMT][kDT][4] = {};
+
+  // V in registers: this warp's keys of V as the A operand of dP^T = V dO^T
+  // for every step (V is the same for all of them), read once; the barrier
+  // after it frees V's space for P^T and dS^T.
+  uint32_t v_frag[kVInRegisters ? kMT : 1][kVInRegisters ? kStepsD : 1][4];
+  if constexpr (kVInRegisters) {
+    cp_async_wait<0>();
+    __syncthreads();  // V landed (with step 0's loads)
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < kStepsD; ++kk)
+        load_a<KVTile>(v_frag[mt][kk], s_v, key_w + mt * kMmaM, kk, lane);
+    __syncthreads();  // every warp holds its V fragments
+  }
 
   // Fused dQ: the partial dS K of step `s` (query tile s.m_block of head
   // hk * group + s.j; dS read transposed from the shared dS^T, which is
@@ -403,7 +445,10 @@ __global__ void __launch_bounds__(
 
     // dP^T first: then the elementwise pass sees v before it is masked.
     float dp[kMT][kNT][4] = {};
-    gemm_ss_nt<Elem, KVTile, QTile, kStepsD>(dp, s_v, key_w, s_do, query_w, lane);
+    if constexpr (kVInRegisters)
+      gemm_rs_nt<Elem, QTile, kStepsD>(dp, v_frag, s_do, query_w, lane);
+    else
+      gemm_ss_nt<Elem, KVTile, QTile, kStepsD>(dp, s_v, key_w, s_do, query_w, lane);
     float s[kMT][kNT][4] = {};
     gemm_ss_nt<Elem, KVTile, QTile, kStepsD>(s, s_k, key_w, s_q, query_w, lane);
 

@@ -90,7 +90,8 @@ constexpr bool kDkdvD128SplitWarps = true;
 // the kernel has that path for kWarpsD > 1 only).
 // kFusedDqOnly: no separate dQ kernel beside this tile (the backend runs
 // ordered or atomic dQ with it; its dK/dV kernel without fused dQ is not
-// instantiated).
+// instantiated). kVInRegisters: V's fragments stay in registers and P^T,
+// dS^T use V's shared memory.
 enum class DkdvTileSize { kDefault, kSmall, kSmaller };
 template <int kD, DkdvTileSize kSize = DkdvTileSize::kDefault>
 struct DkdvTile;
@@ -123,6 +124,7 @@ struct DkdvTile<64, DkdvTileSize::kSmall> {
   static constexpr int kDqRowTilesPerWarp = 1;
   static constexpr int kQueryStages = 2;
   static constexpr bool kFusedDqOnly = false;
+  static constexpr bool kVInRegisters = false;
 };
 template <>
 struct DkdvTile<64> {
@@ -134,6 +136,7 @@ struct DkdvTile<64> {
   static constexpr int kDqRowTilesPerWarp = kDkdvD64QueryTile128 ? 2 : 1;
   static constexpr int kQueryStages = 2;
   static constexpr bool kFusedDqOnly = false;
+  static constexpr bool kVInRegisters = false;
 };
 template <>
 struct DkdvTile<128> {
@@ -144,6 +147,7 @@ struct DkdvTile<128> {
   static constexpr int kDqRowTilesPerWarp = kFusedDqTwoRowTiles ? 2 : 1;
   static constexpr int kQueryStages = 2;
   static constexpr bool kFusedDqOnly = false;
+  static constexpr bool kVInRegisters = false;
 };
 // d128 for devices below the default tile's 161 KB per block (sm86 and sm89
 // allow 99 KB; sm80's 163 KB fit the default): 64 keys x 64 queries on 4 x 2
@@ -157,6 +161,7 @@ struct DkdvTile<128, DkdvTileSize::kSmall> {
   static constexpr int kDqRowTilesPerWarp = 2;
   static constexpr int kQueryStages = 1;
   static constexpr bool kFusedDqOnly = false;
+  static constexpr bool kVInRegisters = false;
 };
 // d256: warps 2 (keys, 32 each) x 4 (columns, 64 each; S^T queries, 16
 // each) instead of 4 x 2 with 16 keys: 576 instead of 672 KB of shared
@@ -171,6 +176,7 @@ struct DkdvTile<256> {
   static constexpr int kDqRowTilesPerWarp = kFusedDqTwoRowTiles ? 2 : 1;
   static constexpr int kQueryStages = 2;
   static constexpr bool kFusedDqOnly = false;
+  static constexpr bool kVInRegisters = false;
 };
 // d256 for devices below the default tile's 209 KB (sm80 allows 163 KB): the
 // same shape single-buffered, K, V 64 KB + Q, dO 64 KB + P^T, dS^T 16 KB
@@ -183,25 +189,29 @@ struct DkdvTile<256, DkdvTileSize::kSmall> {
   static constexpr int kDqRowTilesPerWarp = DkdvTile<256>::kDqRowTilesPerWarp;
   static constexpr int kQueryStages = 1;
   static constexpr bool kFusedDqOnly = false;
+  static constexpr bool kVInRegisters = false;
 };
 
-// d256 for sm86 / sm89 (99 KB per block): 16 keys x 64 queries on 1 x 4
-// warps (one m16 key tile; each warp 16 queries of S^T / dP^T and 64
-// columns of dK, dV), single-buffered: K, V 16 KB + Q, dO 64 KB + P^T, dS^T
-// 4 KB (84.5 KB). The query tile stays 64 (the ordered dQ's counters count
-// query tiles of the default's kBlockM), so what shrinks is the key tile:
-// 32 keys would need 104.5 KB, and fewer than 64 queries would make P^T /
-// dS^T rows shorter than the 128 bytes the swizzled layout needs
-// (smem_layout.hpp). Fused dQ only (kFusedDqOnly): the separate dQ kernel
-// needs 128 KB at d256. FlashAttention-2 runs d256's backward there on 64 x
-// 32 tiles with V in registers.
+// d256 for sm86 / sm89 (99 KB per block): 32 keys x 64 queries on 2 x 4
+// warps (one m16 key tile per warp; each warp 16 queries of S^T / dP^T and
+// 64 columns of dK, dV), single-buffered, with V in registers: each warp
+// reads its 16 keys of V once as the A operand of dP^T = V dO^T (64
+// registers per thread), and P^T, dS^T then use V's 16 KB. K 16 KB + V /
+// P^T, dS^T 16 KB + Q, dO 64 KB (96.5 KB); with V's own space it would be
+// 104.5 KB. FlashAttention-2's sm86 d256 tile does the same (64 x 32, V in
+// registers). The query tile stays 64 (the ordered dQ's counters count
+// query tiles of the default's kBlockM; fewer than 64 queries would also
+// make P^T / dS^T rows shorter than the 128 bytes the swizzled layout
+// needs, smem_layout.hpp). Fused dQ only (kFusedDqOnly): the separate dQ
+// kernel needs 128 KB at d256.
 template <>
 struct DkdvTile<256, DkdvTileSize::kSmaller> {
-  static constexpr int kBlockN = 16, kBlockM = 64, kWarpsN = 1, kWarpsD = 4;
+  static constexpr int kBlockN = 32, kBlockM = 64, kWarpsN = 2, kWarpsD = 4;
   static constexpr int kKeyTilesPerWarp = 1;
   static constexpr int kDqRowTilesPerWarp = 2;
   static constexpr int kQueryStages = 1;
   static constexpr bool kFusedDqOnly = true;
+  static constexpr bool kVInRegisters = true;
 };
 
 // dQ, d64 and d128: 4 warps x 32 query rows (two m16 tiles) instead of 8 x
@@ -327,8 +337,10 @@ constexpr std::size_t dkdv_smem_bytes() {
   using T = DkdvTile<kD, kSize>;
   const std::size_t kv = std::size_t(2) * T::kBlockN * kD * kElemBytes;
   const std::size_t q_do = std::size_t(T::kQueryStages) * 2 * T::kBlockM * kD * kElemBytes;
-  const std::size_t p_ds =
-      std::size_t(dkdv_p_tiles<kD, kFusedDq, kSize>()) * T::kBlockN * T::kBlockM * kElemBytes;
+  // With V in registers P^T and dS^T take V's space.
+  const std::size_t p_ds = T::kVInRegisters ? 0
+                                            : std::size_t(dkdv_p_tiles<kD, kFusedDq, kSize>()) *
+                                                  T::kBlockN * T::kBlockM * kElemBytes;
   const std::size_t rows = std::size_t(T::kQueryStages) * 2 * T::kBlockM * sizeof(float);
   return kv + q_do + p_ds + rows;
 }
