@@ -30,7 +30,9 @@
 // kFusedDq (DqStrategy::kOrdered and kAtomic, one kernel): each step also
 // computes its dQ partial dS K (dS^T through shared memory, read back with
 // ldmatrix.trans; warps form a kDqWarpsM x kDqWarpsD grid over it) and
-// adds it into the f32 accumulator p.dq_accum. With p.dq_counters set
+// adds it into the f32 accumulator p.dq_accum, fragment-major
+// (dq_accum_layout.hpp: one 16-byte reduction per lane and C fragment, over
+// 512 contiguous bytes per warp). With p.dq_counters set
 // (ordered) the adds into each query tile happen in ASCENDING key-tile
 // order, so every element's sum is formed in the same order on every run
 // (deterministic, no workspace quadratic in T); with p.dq_counters null

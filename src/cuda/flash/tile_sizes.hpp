@@ -1,7 +1,8 @@
 // cuda-flash: tile shapes per head dimension for the three kernels, and the
 // shared memory each needs (the backend compares forward_smem_bytes and
-// backward_min_smem_bytes, with the small-shared-memory dK/dV tiles, with
-// the device's opt-in limit, per pass). Plain C++ so the host side can use it; the kernels
+// backward_min_smem_bytes, with d's smallest dK/dV tile, with the device's
+// opt-in limit, per pass; dkdv_tile_for_device picks the tile that runs).
+// Plain C++ so the host side can use it; the kernels
 // static_assert the shapes they rely on. Checked by compiling, by
 // tests/cpu/test_flash_tile_choice.cpp and test_flash_dq_default.cpp, and by
 // the kernels' tests (tests/gpu/test_flash_*.cpp cover d 64, 128, 256).
@@ -18,7 +19,8 @@
 //   kWarpsD grid, each warp kKeyTilesPerWarp m16 tiles of keys x
 //   (d / kWarpsD) columns of dK and dV; query tiles of kBlockM in
 //   kQueryStages buffers (2; 1 on the small-shared-memory tiles of d128 and
-//   d256). With kWarpsD == 1 P^T and dS^T stay in registers as the
+//   d256; d256's smallest tile also keeps V in registers). With kWarpsD == 1
+//   P^T and dS^T stay in registers as the
 //   A operand of dV += P^T dO and dK += dS^T Q; otherwise (d128, d256, where
 //   a warp's keys x d accumulators would not fit) they go through shared
 //   memory.
