@@ -17,7 +17,8 @@ constexpr const char* kNoCuda =
 #ifndef GQATTN_HAS_CUDA_UNFUSED
 const BackendImpl* cuda_unfused_backend(std::string* reason) {
 #ifdef GQATTN_WITH_CUDA
-  if (reason) *reason = "not supported: the unfused CUDA backend is not built yet";
+  if (reason)
+    *reason = "not compiled in: this build leaves it out (GQATTN_CUDA_BACKENDS has no unfused)";
 #else
   if (reason) *reason = kNoCuda;
 #endif
@@ -28,7 +29,8 @@ const BackendImpl* cuda_unfused_backend(std::string* reason) {
 #ifndef GQATTN_HAS_CUDA_FLASH
 const BackendImpl* cuda_flash_backend(std::string* reason) {
 #ifdef GQATTN_WITH_CUDA
-  if (reason) *reason = "not supported: the fused mma.sync backend is not built yet";
+  if (reason)
+    *reason = "not compiled in: this build leaves it out (GQATTN_CUDA_BACKENDS has no flash)";
 #else
   if (reason) *reason = kNoCuda;
 #endif
@@ -39,7 +41,8 @@ const BackendImpl* cuda_flash_backend(std::string* reason) {
 #ifndef GQATTN_HAS_CUDA_HOPPER
 const BackendImpl* cuda_hopper_backend(std::string* reason) {
 #ifdef GQATTN_WITH_CUDA
-  if (reason) *reason = "not supported: the Hopper (wgmma/TMA) backend is not built yet";
+  if (reason)
+    *reason = "not compiled in: this build leaves it out (GQATTN_CUDA_BACKENDS has no hopper)";
 #else
   if (reason) *reason = kNoCuda;
 #endif
