@@ -353,10 +353,11 @@ __global__ void __launch_bounds__(
     const bool first = s.m_block < adds.first || s.m_block > adds.last;  // stores
     const int64_t warp_row0 = (int64_t(b) * p.H + h) * p.tq_padded + s.m_block * kBM + dq_row;
     float* const acc_row = p.dq_accum + (warp_row0 + frag_row(lane)) * kD + dq_col + frag_col(lane);
-    // Fragment-major accumulator (dq_accum_layout.hpp): lane's float4 of the
-    // 16 x 8 block at (warp_row0, dq_col).
-    float* const acc_frag =
-        p.dq_accum + dq_accum_block_offset(warp_row0, dq_col, kD) + dq_accum_in_block(lane, 0);
+    // Fragment-major accumulator (dq_accum_layout.hpp): this lane's first
+    // value in the 16 x 8 block at (warp_row0, dq_col).
+    constexpr DqBlockOrder kOrder = dq_block_order();
+    float* const acc_frag = p.dq_accum + dq_accum_block_offset(warp_row0, dq_col, kD) +
+                            dq_accum_in_block<kOrder>(lane, 0);
 #pragma unroll
     for (int pass = 0; pass < kDqPasses; ++pass) {
       float acc_dq[kDqMT][kDqDT][4] = {};
@@ -392,7 +393,7 @@ __global__ void __launch_bounds__(
       auto fragment = [&](int mt, int dt) {
         return acc_frag + dq_accum_block_offset(mt * kMmaM, pass * kDqColsPerPass + dt * kMmaN, kD);
       };
-      if constexpr (kDqAccumFragmentMajor) {
+      if constexpr (kDqAccumFragmentMajor && kOrder == DqBlockOrder::kLaneMajor) {
 #pragma unroll
         for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
@@ -403,6 +404,20 @@ __global__ void __launch_bounds__(
             else
               red_add4(fragment(mt, dt), acc_dq[mt][dt]);
           }
+      } else if constexpr (kDqAccumFragmentMajor) {
+        // Value-major: value v of the 32 lanes is one 128-byte line.
+        constexpr int kValueStride = dq_accum_in_block<kOrder>(0, 1);
+#pragma unroll
+        for (int mt = 0; mt < kDqMT; ++mt)
+#pragma unroll
+          for (int dt = 0; dt < kDqDT; ++dt)
+#pragma unroll
+            for (int v = 0; v < kDqLaneFloats; ++v) {
+              if (first)
+                fragment(mt, dt)[v * kValueStride] = acc_dq[mt][dt][v];
+              else
+                atomicAdd(fragment(mt, dt) + v * kValueStride, acc_dq[mt][dt][v]);
+            }
       } else if (first) {
 #pragma unroll
         for (int mt = 0; mt < kDqMT; ++mt)

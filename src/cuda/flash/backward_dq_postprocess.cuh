@@ -42,14 +42,19 @@ __global__ void __launch_bounds__(kDqPostThreads)
   float x[kElemsPerChunk] = {};
   if (visited) {
     const float s = p.score.scale;
-    if constexpr (kDqAccumFragmentMajor) {
+    constexpr DqBlockOrder kOrder = dq_block_order();
+    if constexpr (kDqAccumFragmentMajor && kOrder == DqBlockOrder::kLaneMajor) {
       // Columns 2k, 2k + 1 of the chunk are adjacent (one lane's pair).
 #pragma unroll
       for (int k = 0; k < kElemsPerChunk / 2; ++k) {
         const float2 u = *reinterpret_cast<const float2*>(
-            p.dq_accum + dq_accum_offset(row, chunk * kElemsPerChunk + 2 * k, kD));
+            p.dq_accum + dq_accum_offset<kOrder>(row, chunk * kElemsPerChunk + 2 * k, kD));
         x[2 * k] = u.x * s, x[2 * k + 1] = u.y * s;
       }
+    } else if constexpr (kDqAccumFragmentMajor) {
+#pragma unroll
+      for (int k = 0; k < kElemsPerChunk; ++k)
+        x[k] = p.dq_accum[dq_accum_offset<kOrder>(row, chunk * kElemsPerChunk + k, kD)] * s;
     } else {
       const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row * kD) + 2 * chunk;
       const float4 u = src[0], w = src[1];
