@@ -125,9 +125,26 @@ __device__ __forceinline__ void red_add4(float* ptr, const float (&x)[4]) {
 #endif
 }
 
-// C += A B over kSteps k-steps for one warp's kMT m16 tiles of rows, A from a
-// shared tile stored [m][k] (rows a_row0..), B from a shared tile stored
-// [n][k] (rows b_row0.., kNT n8 tiles).
+// One k-step (kk) of C += A B for one warp's kMT m16 tiles of rows: A's
+// fragments given, B from a shared tile stored [n][k] (rows b_row0.., kNT
+// n8 tiles).
+template <typename Elem, typename BTile, int kMT, int kNT>
+__device__ __forceinline__ void mma_kstep_nt(float (&c)[kMT][kNT][4], const uint32_t (&a)[kMT][4],
+                                             uint32_t b_tile, int b_row0, int kk, int lane) {
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    uint32_t bf[4];
+    load_b<BTile>(bf, b_tile, b_row0 + np * 2 * kMmaN, kk, lane);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      mma_16816<Elem>(c[mt][2 * np], a[mt], bf[0], bf[1]);
+      mma_16816<Elem>(c[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+    }
+  }
+}
+
+// C += A B over kSteps k-steps, A from a shared tile stored [m][k] (rows
+// a_row0..).
 template <typename Elem, typename ATile, typename BTile, int kSteps, int kMT, int kNT>
 __device__ __forceinline__ void gemm_ss_nt(float (&c)[kMT][kNT][4], uint32_t a_tile, int a_row0,
                                            uint32_t b_tile, int b_row0, int lane) {
@@ -136,37 +153,18 @@ __device__ __forceinline__ void gemm_ss_nt(float (&c)[kMT][kNT][4], uint32_t a_t
     uint32_t a[kMT][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) load_a<ATile>(a[mt], a_tile, a_row0 + mt * kMmaM, kk, lane);
-#pragma unroll
-    for (int np = 0; np < kNT / 2; ++np) {
-      uint32_t bf[4];
-      load_b<BTile>(bf, b_tile, b_row0 + np * 2 * kMmaN, kk, lane);
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        mma_16816<Elem>(c[mt][2 * np], a[mt], bf[0], bf[1]);
-        mma_16816<Elem>(c[mt][2 * np + 1], a[mt], bf[2], bf[3]);
-      }
-    }
+    mma_kstep_nt<Elem, BTile>(c, a, b_tile, b_row0, kk, lane);
   }
 }
 
-// C += A B as gemm_ss_nt, with A's fragments already in registers (a[mt][kk]
-// of m16 tile mt, k-step kk).
+// C += A B over kSteps k-steps, A's fragments already in registers (a[kk]:
+// k-step kk of the kMT m16 tiles).
 template <typename Elem, typename BTile, int kSteps, int kMT, int kNT>
 __device__ __forceinline__ void gemm_rs_nt(float (&c)[kMT][kNT][4],
-                                           const uint32_t (&a)[kMT][kSteps][4], uint32_t b_tile,
+                                           const uint32_t (&a)[kSteps][kMT][4], uint32_t b_tile,
                                            int b_row0, int lane) {
 #pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk)
-#pragma unroll
-    for (int np = 0; np < kNT / 2; ++np) {
-      uint32_t bf[4];
-      load_b<BTile>(bf, b_tile, b_row0 + np * 2 * kMmaN, kk, lane);
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        mma_16816<Elem>(c[mt][2 * np], a[mt][kk], bf[0], bf[1]);
-        mma_16816<Elem>(c[mt][2 * np + 1], a[mt][kk], bf[2], bf[3]);
-      }
-    }
+  for (int kk = 0; kk < kSteps; ++kk) mma_kstep_nt<Elem, BTile>(c, a[kk], b_tile, b_row0, kk, lane);
 }
 
 // kSize: DkdvTile<kD, kSize>; the smaller tiles are for devices with less
@@ -327,7 +325,7 @@ __global__ void __launch_bounds__(
   // V in registers: this warp's keys of V as the A operand of dP^T = V dO^T
   // for every step (V is the same for all of them), read once; the barrier
   // after it frees V's space for P^T and dS^T.
-  uint32_t v_frag[kVInRegisters ? kMT : 1][kVInRegisters ? kStepsD : 1][4];
+  uint32_t v_frag[kVInRegisters ? kStepsD : 1][kVInRegisters ? kMT : 1][4];
   if constexpr (kVInRegisters) {
     cp_async_wait<0>();
     __syncthreads();  // V landed (with step 0's loads)
@@ -335,7 +333,7 @@ __global__ void __launch_bounds__(
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int kk = 0; kk < kStepsD; ++kk)
-        load_a<KVTile>(v_frag[mt][kk], s_v, key_w + mt * kMmaM, kk, lane);
+        load_a<KVTile>(v_frag[kk][mt], s_v, key_w + mt * kMmaM, kk, lane);
     __syncthreads();  // every warp holds its V fragments
   }
 

@@ -128,9 +128,8 @@ flash::DqStrategy dq_strategy(const Problem& problem, bool deterministic,
   if (std::strcmp(env, "ordered") == 0) return flash::DqStrategy::kOrdered;
   if (std::strcmp(env, "separate") == 0) {
     if (flash::dkdv_fused_dq_only(int(problem.d), tile)) {
-      constexpr std::size_t kKB = 1024;
-      const std::size_t small_tile_kb =
-          (flash::dkdv_max_smem_bytes(int(problem.d), flash::DkdvTileSize::kSmall) + kKB - 1) / kKB;
+      const std::size_t small_tile_kb = flash::kb_rounded_up(
+          flash::dkdv_max_smem_bytes(int(problem.d), flash::DkdvTileSize::kSmall));
       throw Error(std::string(kVar) + " = separate",
                   "not supported: cuda-flash's backward at d=" + std::to_string(problem.d) +
                       " on devices with less than " + std::to_string(small_tile_kb) +

@@ -23,15 +23,20 @@ inline std::size_t smem_needed(int d, bool backward) {
   }
 }
 
+// A need in KB for messages: rounded up (a limit is rounded down).
+inline std::size_t kb_rounded_up(std::size_t bytes) {
+  constexpr std::size_t kKB = 1024;
+  return (bytes + kKB - 1) / kKB;
+}
+
 // "" when a device allowing optin_smem bytes per block runs the pass; else
-// the reason, with both figures in KB (the need rounded up).
+// the reason, with both figures in KB.
 inline std::string why_too_little_smem(int d, bool backward, std::size_t optin_smem) {
   const std::size_t need = smem_needed(d, backward);
   if (need <= optin_smem) return "";
-  constexpr std::size_t kKB = 1024;
   return std::string("not supported: cuda-flash's ") + (backward ? "backward" : "forward") +
-         " at d=" + std::to_string(d) + " needs " + std::to_string((need + kKB - 1) / kKB) +
-         " KB of shared memory per block, the device allows " + std::to_string(optin_smem / kKB) +
+         " at d=" + std::to_string(d) + " needs " + std::to_string(kb_rounded_up(need)) +
+         " KB of shared memory per block, the device allows " + std::to_string(optin_smem / 1024) +
          " KB";
 }
 

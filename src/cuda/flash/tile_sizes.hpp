@@ -372,44 +372,40 @@ constexpr DkdvTileSize smallest_dkdv_tile(int d) {
 constexpr DkdvTileSize clamp_dkdv_tile(int d, DkdvTileSize wanted) {
   return int(wanted) <= int(smallest_dkdv_tile(d)) ? wanted : smallest_dkdv_tile(d);
 }
-// Calls F<kD, kSize>() for d (64, 128, 256) and a size d has, at run time.
-template <template <int, DkdvTileSize> class F>
-constexpr auto for_dkdv_tile(int d, DkdvTileSize size) {
+// What the host needs of one dK/dV tile, at run time.
+struct DkdvTileInfo {
+  std::size_t max_smem_bytes;  // dkdv_max_smem_bytes
+  int key_tile;                // kBlockN: the dK/dV grid's unit
+  bool fused_dq_only;          // kFusedDqOnly
+};
+template <int kD, DkdvTileSize kSize>
+constexpr DkdvTileInfo dkdv_tile_info() {
+  using T = DkdvTile<kD, kSize>;
+  return {dkdv_max_smem_bytes<kD, kSize>(), T::kBlockN, T::kFusedDqOnly};
+}
+// d (64, 128, 256) and a size, clamped to the sizes d has.
+constexpr DkdvTileInfo dkdv_tile_info(int d, DkdvTileSize size) {
   using S = DkdvTileSize;
+  size = clamp_dkdv_tile(d, size);
   switch (d) {
-    case 64: return size == S::kDefault ? F<64, S::kDefault>::value() : F<64, S::kSmall>::value();
+    case 64:
+      return size == S::kDefault ? dkdv_tile_info<64, S::kDefault>()
+                                 : dkdv_tile_info<64, S::kSmall>();
     case 128:
-      return size == S::kDefault ? F<128, S::kDefault>::value() : F<128, S::kSmall>::value();
+      return size == S::kDefault ? dkdv_tile_info<128, S::kDefault>()
+                                 : dkdv_tile_info<128, S::kSmall>();
     default:
-      return size == S::kDefault ? F<256, S::kDefault>::value()
-             : size == S::kSmall ? F<256, S::kSmall>::value()
-                                 : F<256, S::kSmaller>::value();
+      return size == S::kDefault ? dkdv_tile_info<256, S::kDefault>()
+             : size == S::kSmall ? dkdv_tile_info<256, S::kSmall>()
+                                 : dkdv_tile_info<256, S::kSmaller>();
   }
 }
-template <int kD, DkdvTileSize kSize>
-struct DkdvMaxSmem {
-  static constexpr std::size_t value() { return dkdv_max_smem_bytes<kD, kSize>(); }
-};
-template <int kD, DkdvTileSize kSize>
-struct DkdvKeyTile {
-  static constexpr int value() { return DkdvTile<kD, kSize>::kBlockN; }
-};
-template <int kD, DkdvTileSize kSize>
-struct DkdvFusedDqOnly {
-  static constexpr bool value() { return DkdvTile<kD, kSize>::kFusedDqOnly; }
-};
-// Shared memory per block of d's dK/dV kernels on a tile (clamped to the
-// sizes d has).
 constexpr std::size_t dkdv_max_smem_bytes(int d, DkdvTileSize size) {
-  return for_dkdv_tile<DkdvMaxSmem>(d, clamp_dkdv_tile(d, size));
+  return dkdv_tile_info(d, size).max_smem_bytes;
 }
-// The key tile (kBlockN) of d's dK/dV kernels: the dK/dV grid's unit.
-constexpr int dkdv_key_tile(int d, DkdvTileSize size) {
-  return for_dkdv_tile<DkdvKeyTile>(d, clamp_dkdv_tile(d, size));
-}
-// Whether d's tile of this size runs without a separate dQ kernel.
+constexpr int dkdv_key_tile(int d, DkdvTileSize size) { return dkdv_tile_info(d, size).key_tile; }
 constexpr bool dkdv_fused_dq_only(int d, DkdvTileSize size) {
-  return for_dkdv_tile<DkdvFusedDqOnly>(d, clamp_dkdv_tile(d, size));
+  return dkdv_tile_info(d, size).fused_dq_only;
 }
 // The dK/dV tile the backward runs at d on a device that allows optin_smem
 // bytes per block: the largest of d's tiles that fits (d's smallest when
