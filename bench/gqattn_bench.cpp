@@ -12,6 +12,7 @@
 //   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
 //                [--no-backward] [--nondeterministic] [--release-workspace]
+//                [--idle-ms N]
 //
 // --nondeterministic passes Options::deterministic = false (cuda-flash's
 // backward then adds dQ with atomics); each line says which in
@@ -22,9 +23,14 @@
 // after a synchronisation did before the library kept a pool of its own:
 // an A/B of the retained workspace in one run. Each line says which in
 // "release_workspace".
+// --idle-ms N sleeps N ms on the host before every timed call (outside the
+// timed window), so the GPU idles between calls: if a kernel is slower
+// back to back than after a pause (power or thermal limits), this shows it.
+// Each line says which in "idle_ms".
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -33,6 +39,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gqattn/attention.hpp"
@@ -150,21 +157,23 @@ struct Settings {
   bool backward = true;
   bool deterministic = true;       // Options::deterministic
   bool release_workspace = false;  // release_workspace_memory() after each timed call
+  int idle_ms = 0;                 // host sleep before each timed call
 };
 
 void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream) {
   const double pairs = double(p.kept_pairs());  // exact, DESIGN §1
   const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
   std::string line;
-  append(line,
-         "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
-         "\"dtype\": \"%s\", \"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, "
-         "\"Hkv\": %lld, \"d\": %lld, \"causal\": %d, \"window\": %lld, \"softcap\": %g, "
-         "\"kept_pairs\": %.0f",
-         gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
-         s.release_workspace ? "true" : "false", gqattn::dtype_name(s.dtype), (long long)p.B,
-         (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv, (long long)p.d,
-         int(p.causal), (long long)p.window, double(p.softcap), pairs);
+  append(
+      line,
+      "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
+      "\"idle_ms\": %d, \"dtype\": \"%s\", \"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, "
+      "\"Hkv\": %lld, \"d\": %lld, \"causal\": %d, \"window\": %lld, \"softcap\": %g, "
+      "\"kept_pairs\": %.0f",
+      gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
+      s.release_workspace ? "true" : "false", s.idle_ms, gqattn::dtype_name(s.dtype),
+      (long long)p.B, (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv,
+      (long long)p.d, int(p.causal), (long long)p.window, double(p.softcap), pairs);
 
   const std::size_t elem = gqattn::dtype_size(s.dtype);
   const std::size_t q_elems = std::size_t(p.B * p.Tq * p.H * p.d);
@@ -233,6 +242,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
     }
     std::vector<float> ms;
     for (int i = 0; i < s.repeats; ++i) {
+      if (s.idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(s.idle_ms));
       check(cudaEventRecord(start, stream), "record");
       call(all[std::size_t(i % sets)]);
       check(cudaEventRecord(stop, stream), "record");
@@ -316,11 +326,13 @@ int main(int argc, char** argv) {
       settings.deterministic = false;
     } else if (arg == "--release-workspace") {
       settings.release_workspace = true;
+    } else if (arg == "--idle-ms") {
+      settings.idle_ms = std::max(0, std::atoi(value().c_str()));
     } else {
       std::fprintf(stderr,
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
                    "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
-                   "[--no-backward] [--nondeterministic] [--release-workspace]\n");
+                   "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N]\n");
       return 2;
     }
   }

@@ -252,9 +252,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     ptx::wgmma_commit();
   };
   // Softcap (before masking), mask, softmax of visit `it`: S becomes P
-  // (alpha: O's rescale factors; untouched, and unused, without row max).
+  // (alpha: O's rescale factors, to be applied iff it returns true; false
+  // without row max).
   const auto scores = [&](float(&s)[1][kNT][4], int it, RowSoftmax& sm,
-                          float(&alpha)[kSoftmaxRows]) {
+                          float(&alpha)[kSoftmaxRows]) -> bool {
     const int n0 = (tile.keys.last - it) * kBN;
     if constexpr (kSoftcap && !kRowMax) {  // S becomes v mult
       if constexpr (Tile::kTwoMufuSoftcapExponents)
@@ -269,10 +270,12 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     }
     if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY);
-    if constexpr (kRowMax)
-      scores_to_p<kFmaExp2Quarters>(sm, s, alpha);
-    else
+    if constexpr (kRowMax) {
+      return scores_to_p<kFmaExp2Quarters, kLazyRescale>(sm, s, alpha);
+    } else {
       sm.template update_unshifted<kFmaExp2Quarters>(s);
+      return false;
+    }
   };
 
   // P as the register A operand: k-step kk is S's n8 blocks 2kk, 2kk+1.
@@ -297,6 +300,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   RowSoftmax softmax(p.score.mult);
   if constexpr (!kRowMax) softmax.start_unshifted();
   float alpha[kSoftmaxRows];
+  bool rescale = false;  // O needs alpha (warp-uniform)
   float s[1][kNT][4];
   uint32_t pa[kStepsPV][4];
 
@@ -319,7 +323,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       pin_o();
       ptx::pin(pa);  // the GEMM read pa until here
       if (it > 0) release_kv(smem + L::kVEmpty + bar_off(it - 1));
-      if constexpr (kRowMax) rescale_o(o, alpha);
+      if (rescale) rescale_o(o, alpha);
       to_a(pa, s);
     };
     if (tiles > 0) {
@@ -333,7 +337,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::pin(s[0]);
       pin_q();
       release_kv(smem + L::kKEmpty + bar_off(0));
-      scores(s, 0, softmax, alpha);  // alpha = 0 (row max was -inf); O is 0
+      rescale = scores(s, 0, softmax, alpha);  // alpha = 0 (row max was -inf); O is 0
 
       // Issue point it: S(it) and P(it-1) V(it-1) in flight together. The
       // loop is rotated: an iteration first finishes step it-1 (wait for its
@@ -361,7 +365,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
         ptx::pin(s[0]);
         pin_q();
         release_kv(smem + L::kKEmpty + bar_off(it));
-        scores(s, it, softmax, alpha);  // overlaps the P V GEMM
+        rescale = scores(s, it, softmax, alpha);  // overlaps the P V GEMM
       }
       release_q();  // S(tiles - 1) retired: by the loop's wait_group 1 or the prologue's 0
       finish_step(tiles - 1);
@@ -391,8 +395,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::pin(s[0]);
       pin_q();
       release_kv(smem + L::kKEmpty + bar_off(it));
-      scores(s, it, softmax, alpha);
-      if constexpr (kRowMax) rescale_o(o, alpha);
+      if (scores(s, it, softmax, alpha)) rescale_o(o, alpha);
       to_a(pa, s);
       ptx::mbar_wait(smem + L::kVFull + bar_off(it), parity(it));
       pin_o();
