@@ -101,6 +101,12 @@ std::vector<FlashCase> long_cases() {
       large_logits(make("T600_causal_softcap50_d256", 1, 600, 600, 4, 2, 256, true, 0, 50.0f)),
       large_logits(make("T700_causal_softcap30_d128_gqa4", 1, 700, 700, 8, 2, 128, true, 0, 30.0f)),
       make("T520_window100_d256_f16", 1, 520, 520, 2, 1, 256, false, 100, 0.0f, DType::f16),
+      // Scale 1 without softcap: row maxima that jump far past the lazy
+      // rescaling's bound (flash/softmax.cuh) from one key tile to the next.
+      large_logits(make("T700_causal_d128_large_logits", 1, 700, 700, 4, 2, 128, true)),
+      large_logits(
+          make("T500_d64_large_logits_f16", 1, 500, 500, 2, 1, 64, false, 0, 0.0f, DType::f16)),
+      large_logits(make("T400_causal_d256_large_logits", 1, 400, 400, 2, 1, 256, true)),
   };
 }
 

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
     cp_async_commit();
 
     if constexpr (kRowMax)
-      softmax.update(s, acc_o);
+      softmax.template update<Tile::kLazyRescale>(s, acc_o);
     else
       softmax.update_unshifted(s);
 

@@ -13,6 +13,20 @@
 // Invariants: a row whose every element so far was masked has max -inf; the
 // exponent offset then uses 0 instead (never -inf - -inf), so its p are 0,
 // its sum stays 0, and finalize() gives o = 0 and lse = -inf.
+//
+// Lazy rescaling (FlashAttention-4's; kLazy): a row's reference maximum
+// row_max need not be its true maximum, only at least (true maximum -
+// kLazyRescaleLog2 / mult): every p is then at most 2^kLazyRescaleLog2,
+// which the f32 sums and O and the 16-bit P hold with the same relative
+// precision as p <= 1 (no overflow, no extra rounding), and O / sum and lse
+// = (row_max mult + log2 sum) ln 2 are the same quantities. So a warp keeps
+// its rows' references, and skips O's rescale (a multiply per element of O)
+// and alpha's exponentials, unless one of its rows grew by more than that;
+// then every row of the warp moves to its true maximum, as without kLazy.
+// The vote keeps the branch warp-uniform. A row whose reference is -inf
+// and that now has a kept score grows by +inf, so it always takes the
+// reference; a still fully masked row's -inf - -inf is NaN, which compares
+// false: it stays at -inf (offset 0, p 0).
 #pragma once
 
 #include <cmath>
@@ -23,6 +37,8 @@
 namespace gqattn::flash {
 
 constexpr float kLn2 = 0.6931471805599453f;
+// Lazy rescaling's bound on p, as a power of two (FlashAttention-4's 8).
+constexpr float kLazyRescaleLog2 = 8.0f;
 
 // 2^x of a score in n8 block nt of a tile: blocks with nt % 4 below
 // kFmaExp2Quarters on the FMA pipe (exp2_fma), the others on the MUFU
@@ -49,39 +65,74 @@ struct OnlineSoftmax {
     }
   }
 
-  // s: this tile's scores (v, masked to -inf), replaced by p. o: the output
-  // accumulator, rescaled to the new row maxima.
-  template <int kNT, int kDT>
-  __device__ __forceinline__ void update(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4]) {
+  // s: this tile's scores (v, masked to -inf), replaced by p; alpha[r]: the
+  // factor that brings O's row r to its new reference maximum (0 on a row's
+  // first kept tile). Returns whether O must be rescaled by alpha: always
+  // without kLazy; with it, warp-uniformly, and alpha is unset when not.
+  // Split from the rescale for cuda-hopper, whose O may still be an
+  // in-flight wgmma accumulator here.
+  template <bool kLazy, int kFmaExp2Quarters = 0, int kNT>
+  __device__ __forceinline__ bool scores_to_p(float (&s)[kMT][kNT][4], float (&alpha)[kRows]) {
+    float mx[kRows];
+    bool grew = false;  // a row of this thread outgrew its reference by > kLazyRescaleLog2
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = mt * 2 + half;
-        float mx = row_max[r];
+        mx[r] = row_max[r];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-        mx = quad_max(mx);
-        const float offset = (mx == -INFINITY ? 0.0f : mx) * mult;
-        const float alpha = fast_exp2(row_max[r] * mult - offset);  // 0 on the first kept tile
-        row_max[r] = mx;
-        float sum = row_sum[r] * alpha;
+          mx[r] = fmaxf(mx[r], fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+        mx[r] = quad_max(mx[r]);
+        grew |= (mx[r] - row_max[r]) * mult > kLazyRescaleLog2;
+      }
+    const bool rescale = !kLazy || __any_sync(0xffffffffu, grew);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        if (rescale) {
+          const float offset = (mx[r] == -INFINITY ? 0.0f : mx[r]) * mult;
+          alpha[r] = fast_exp2(row_max[r] * mult - offset);
+          row_max[r] = mx[r];
+        }
+        const float offset = (row_max[r] == -INFINITY ? 0.0f : row_max[r]) * mult;
+        float sum = rescale ? row_sum[r] * alpha[r] : row_sum[r];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            const float p = fast_exp2(fmaf(s[mt][nt][e], mult, -offset));
+            const float p = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][e], mult, -offset), nt);
             s[mt][nt][e] = p;
             sum += p;
           }
         row_sum[r] = sum;
+      }
+    return rescale;
+  }
+
+  // o *= alpha, row by row (after scores_to_p returned true).
+  template <int kDT>
+  __device__ __forceinline__ void rescale(float (&o)[kMT][kDT][4],
+                                          const float (&alpha)[kRows]) const {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
-          o[mt][dt][2 * half] *= alpha;
-          o[mt][dt][2 * half + 1] *= alpha;
+          o[mt][dt][2 * half] *= alpha[mt * 2 + half];
+          o[mt][dt][2 * half + 1] *= alpha[mt * 2 + half];
         }
-      }
+  }
+
+  // Both: s becomes p, o is rescaled to the new reference maxima.
+  template <bool kLazy, int kNT, int kDT>
+  __device__ __forceinline__ void update(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4]) {
+    float alpha[kRows];
+    if (scores_to_p<kLazy>(s, alpha)) rescale(o, alpha);
   }
 
   // ScoreMode::softcap_without_row_max (score_mode.hpp), called once before

@@ -52,6 +52,7 @@ struct ForwardTile;
 template <>
 struct ForwardTile<64> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4;
+  static constexpr bool kLazyRescale = false;  // see kForwardLazyRescale
 };
 // d128: 4 warps x 32 rows (two m16 tiles) on 64-key tiles, FlashAttention-2's
 // sm90 shape: half the shared memory read per FLOP of 8 warps x 16 rows
@@ -62,14 +63,29 @@ struct ForwardTile<64> {
 // 8% faster than 32-key tiles, which fit (T4k 271 -> 293 TFLOP/s, H200).
 // Set to false for the previous 8 warps x 16 rows.
 constexpr bool kForwardD128TwoTilesPerWarp = true;
+// kForwardLazyRescale: on tiles whose kLazyRescale is set, the forward's
+// online softmax rescales O only when a row of the warp outgrew its
+// reference maximum by more than 2^kLazyRescaleLog2 (softmax.cuh,
+// FlashAttention-4's lazy rescaling). Off: every key tile rescales O.
+// Measured on the H200 (2026-12-01, fwd TFLOP/s, one call, interleaved
+// builds lazy / off / lazy / off, every tile lazy): d128 causal B4 T4k 365 /
+// 361 / 366 / 364, B1 T16k 384 / 370 / 381 / 373, non-causal 373 / 373 /
+// 376 / 372, window 1024 314 / 316 / 312 / 310; but d64 294 / 307 / 296 /
+// 305 and d256 315 / 325 / 315 / 327 (there the rescale's multiplies fill
+// issue slots the mma.sync loop leaves idle, and the vote and branch cost
+// more than they save). Hence d128 only. cuda-hopper has its own switch
+// (hopper/tile_sizes.hpp kLazyRescale), on for every tile.
+constexpr bool kForwardLazyRescale = true;
 template <>
 struct ForwardTile<128> {
   static constexpr int kBlockM = 128, kBlockN = 64;
   static constexpr int kWarps = kForwardD128TwoTilesPerWarp ? 4 : 8;
+  static constexpr bool kLazyRescale = kForwardLazyRescale;
 };
 template <>
 struct ForwardTile<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4;
+  static constexpr bool kLazyRescale = false;  // see kForwardLazyRescale
 };
 
 // dK/dV, d128: warps 4 (keys, 32 each: two m16 tiles) x 2 (dK/dV columns,

@@ -271,7 +271,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY);
     if constexpr (kRowMax) {
-      return scores_to_p<kFmaExp2Quarters, kLazyRescale>(sm, s, alpha);
+      return sm.template scores_to_p<kLazyRescale, kFmaExp2Quarters>(s, alpha);
     } else {
       sm.template update_unshifted<kFmaExp2Quarters>(s);
       return false;
@@ -323,7 +323,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       pin_o();
       ptx::pin(pa);  // the GEMM read pa until here
       if (it > 0) release_kv(smem + L::kVEmpty + bar_off(it - 1));
-      if (rescale) rescale_o(o, alpha);
+      if (rescale) softmax.rescale(o, alpha);
       to_a(pa, s);
     };
     if (tiles > 0) {
@@ -395,7 +395,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::pin(s[0]);
       pin_q();
       release_kv(smem + L::kKEmpty + bar_off(it));
-      if (scores(s, it, softmax, alpha)) rescale_o(o, alpha);
+      if (scores(s, it, softmax, alpha)) softmax.rescale(o, alpha);
       to_a(pa, s);
       ptx::mbar_wait(smem + L::kVFull + bar_off(it), parity(it));
       pin_o();

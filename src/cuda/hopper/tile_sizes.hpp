@@ -135,22 +135,20 @@ constexpr bool kMulticastKV = false;
 // 400 / 399 / 403 / 399. A steady 1-2%, on.
 constexpr bool kQInRegisters = true;
 // kLazyRescale: FlashAttention-4's lazy rescaling in the running-maximum
-// softmax (softmax.cuh scores_to_p): a warp keeps its rows' reference
-// maxima while no row's maximum grew by more than kLazyRescaleLog2 (in
-// exp2 units: every p <= 2^8), so most key tiles skip O's rescale (d / 2
-// multiplies per thread between the P V GEMM's retirement and the next
-// issue) and alpha's exponential. The same quantities in the same
-// precision (softmax.cuh says why). Off: every tile rescales, the kernels
-// as before. Measured on the H200 (2026-12-01, fwd TFLOP/s, one call,
-// interleaved builds lazy / off / lazy / off): d128 causal B16 T1k 427 / 421
-// / 426 / 418, B4 T4k 627 / 615 / 625 / 613, B1 T16k 630 / 607 / 624 / 612,
-// non-causal 649 / 632 / 649 / 637, d256 causal 686 / 641 / 684 / 639,
-// window 1024 497 / 492 / 498 / 490, softcap 60 (running max) 376 / 366 /
-// 376 / 366; d64 408 / 407 / 409 / 408 and softcap 30 (no row maximum, not
-// affected) 418 / 419 / 419 / 410. The 73 forward tests pass with it, and
-// fail (8 of 73, the large-logit and f16 ones) with the threshold at 1e30.
+// softmax (flash/softmax.cuh OnlineSoftmax::scores_to_p): a warp keeps its
+// rows' reference maxima while no row's maximum grew by more than
+// flash::kLazyRescaleLog2 (in exp2 units: every p <= 2^8), so most key
+// tiles skip O's rescale (d / 2 multiplies per thread between the P V
+// GEMM's retirement and the next issue) and alpha's exponential. The same
+// quantities in the same precision (flash/softmax.cuh says why). Off: every tile rescales, the
+// kernels as before. Measured on the H200 (2026-12-01, fwd TFLOP/s, one call, interleaved builds
+// lazy / off / lazy / off): d128 causal B16 T1k 427 / 421 / 426 / 418, B4 T4k 627 / 615 / 625 /
+// 613, B1 T16k 630 / 607 / 624 / 612, non-causal 649 / 632 / 649 / 637, d256 causal 686 / 641 / 684
+// / 639, window 1024 497 / 492 / 498 / 490, softcap 60 (running max) 376 / 366 / 376 / 366; d64 408
+// / 407 / 409 / 408 and softcap 30 (no row maximum, not affected) 418 / 419 / 419 / 410. The 73
+// forward tests pass with it, and fail (8 of 73, the large-logit and f16 ones) with the threshold
+// at 1e30.
 constexpr bool kLazyRescale = true;
-constexpr float kLazyRescaleLog2 = 8.0f;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the wide key tile
 // (only <128, true> and <64, true> exist, used as forward_wide() says).
