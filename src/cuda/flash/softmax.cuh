@@ -70,47 +70,76 @@ struct OnlineSoftmax {
   // first kept tile). Returns whether O must be rescaled by alpha: always
   // without kLazy; with it, warp-uniformly, and alpha is unset when not.
   // Split from the rescale for cuda-hopper, whose O may still be an
-  // in-flight wgmma accumulator here.
+  // in-flight wgmma accumulator here. Without kLazy the arithmetic (and the
+  // compiled code) is the eager form's as it was before kLazy existed.
   template <bool kLazy, int kFmaExp2Quarters = 0, int kNT>
   __device__ __forceinline__ bool scores_to_p(float (&s)[kMT][kNT][4], float (&alpha)[kRows]) {
-    float mx[kRows];
-    bool grew = false;  // a row of this thread outgrew its reference by > kLazyRescaleLog2
+    if constexpr (!kLazy) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = mt * 2 + half;
-        mx[r] = row_max[r];
+        for (int half = 0; half < 2; ++half) {
+          const int r = mt * 2 + half;
+          float mx = row_max[r];
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-          mx[r] = fmaxf(mx[r], fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-        mx[r] = quad_max(mx[r]);
-        grew |= (mx[r] - row_max[r]) * mult > kLazyRescaleLog2;
-      }
-    const bool rescale = !kLazy || __any_sync(0xffffffffu, grew);
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = mt * 2 + half;
-        if (rescale) {
-          const float offset = (mx[r] == -INFINITY ? 0.0f : mx[r]) * mult;
+          for (int nt = 0; nt < kNT; ++nt)
+            mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+          mx = quad_max(mx);
+          const float offset = (mx == -INFINITY ? 0.0f : mx) * mult;
           alpha[r] = fast_exp2(row_max[r] * mult - offset);
-          row_max[r] = mx[r];
+          row_max[r] = mx;
+          float sum = row_sum[r] * alpha[r];
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 2 * half; e < 2 * half + 2; ++e) {
+              const float p = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][e], mult, -offset), nt);
+              s[mt][nt][e] = p;
+              sum += p;
+            }
+          row_sum[r] = sum;
         }
-        const float offset = (row_max[r] == -INFINITY ? 0.0f : row_max[r]) * mult;
-        float sum = rescale ? row_sum[r] * alpha[r] : row_sum[r];
+      return true;
+    } else {
+      float mx[kRows];
+      bool grew = false;  // a row of this thread outgrew its reference by > kLazyRescaleLog2
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            const float p = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][e], mult, -offset), nt);
-            s[mt][nt][e] = p;
-            sum += p;
+        for (int half = 0; half < 2; ++half) {
+          const int r = mt * 2 + half;
+          mx[r] = row_max[r];
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+            mx[r] = fmaxf(mx[r], fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+          mx[r] = quad_max(mx[r]);
+          grew |= (mx[r] - row_max[r]) * mult > kLazyRescaleLog2;
+        }
+      const bool rescale = __any_sync(0xffffffffu, grew);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = mt * 2 + half;
+          if (rescale) {
+            const float offset = (mx[r] == -INFINITY ? 0.0f : mx[r]) * mult;
+            alpha[r] = fast_exp2(row_max[r] * mult - offset);
+            row_max[r] = mx[r];
           }
-        row_sum[r] = sum;
-      }
-    return rescale;
+          const float offset = (row_max[r] == -INFINITY ? 0.0f : row_max[r]) * mult;
+          float sum = rescale ? row_sum[r] * alpha[r] : row_sum[r];
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 2 * half; e < 2 * half + 2; ++e) {
+              const float p = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][e], mult, -offset), nt);
+              s[mt][nt][e] = p;
+              sum += p;
+            }
+          row_sum[r] = sum;
+        }
+      return rescale;
+    }
   }
 
   // o *= alpha, row by row (after scores_to_p returned true).
@@ -120,19 +149,52 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
+      for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
+        for (int half = 0; half < 2; ++half) {
           o[mt][dt][2 * half] *= alpha[mt * 2 + half];
           o[mt][dt][2 * half + 1] *= alpha[mt * 2 + half];
         }
   }
 
-  // Both: s becomes p, o is rescaled to the new reference maxima.
+  // Both: s becomes p, o is rescaled to the new reference maxima. Without
+  // kLazy, row by row, the eager form's order as before kLazy existed.
   template <bool kLazy, int kNT, int kDT>
   __device__ __forceinline__ void update(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4]) {
-    float alpha[kRows];
-    if (scores_to_p<kLazy>(s, alpha)) rescale(o, alpha);
+    if constexpr (!kLazy) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = mt * 2 + half;
+          float mx = row_max[r];
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+            mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+          mx = quad_max(mx);
+          const float offset = (mx == -INFINITY ? 0.0f : mx) * mult;
+          const float alpha = fast_exp2(row_max[r] * mult - offset);  // 0 on the first kept tile
+          row_max[r] = mx;
+          float sum = row_sum[r] * alpha;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 2 * half; e < 2 * half + 2; ++e) {
+              const float p = fast_exp2(fmaf(s[mt][nt][e], mult, -offset));
+              s[mt][nt][e] = p;
+              sum += p;
+            }
+          row_sum[r] = sum;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            o[mt][dt][2 * half] *= alpha;
+            o[mt][dt][2 * half + 1] *= alpha;
+          }
+        }
+    } else {
+      float alpha[kRows];
+      if (scores_to_p<true>(s, alpha)) rescale(o, alpha);
+    }
   }
 
   // ScoreMode::softcap_without_row_max (score_mode.hpp), called once before

@@ -66,16 +66,20 @@ constexpr bool kForwardD128TwoTilesPerWarp = true;
 // kForwardLazyRescale: on tiles whose kLazyRescale is set, the forward's
 // online softmax rescales O only when a row of the warp outgrew its
 // reference maximum by more than 2^kLazyRescaleLog2 (softmax.cuh,
-// FlashAttention-4's lazy rescaling). Off: every key tile rescales O.
+// FlashAttention-4's lazy rescaling). Off: every key tile rescales O (the
+// kernels SASS-identical to those before the switch existed).
 // Measured on the H200 (2026-12-01, fwd TFLOP/s, one call, interleaved
 // builds lazy / off / lazy / off, every tile lazy): d128 causal B4 T4k 365 /
 // 361 / 366 / 364, B1 T16k 384 / 370 / 381 / 373, non-causal 373 / 373 /
 // 376 / 372, window 1024 314 / 316 / 312 / 310; but d64 294 / 307 / 296 /
 // 305 and d256 315 / 325 / 315 / 327 (there the rescale's multiplies fill
 // issue slots the mma.sync loop leaves idle, and the vote and branch cost
-// more than they save). Hence d128 only. cuda-hopper has its own switch
-// (hopper/tile_sizes.hpp kLazyRescale), on for every tile.
-constexpr bool kForwardLazyRescale = true;
+// more than they save). Hence d128 only, if on. Off for the reason
+// cuda-hopper's kLazyRescale is (hopper/tile_sizes.hpp): o divided by the
+// f32 sums of a stale reference carries a common error that the backward's
+// D amplifies; the flash tests passed with it on, but the cure belongs to
+// both backends.
+constexpr bool kForwardLazyRescale = false;
 template <>
 struct ForwardTile<128> {
   static constexpr int kBlockM = 128, kBlockN = 64;

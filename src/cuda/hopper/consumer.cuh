@@ -323,7 +323,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       pin_o();
       ptx::pin(pa);  // the GEMM read pa until here
       if (it > 0) release_kv(smem + L::kVEmpty + bar_off(it - 1));
-      if (rescale) softmax.rescale(o, alpha);
+      if (kRowMax && (!kLazyRescale || rescale)) softmax.rescale(o, alpha);
       to_a(pa, s);
     };
     if (tiles > 0) {
