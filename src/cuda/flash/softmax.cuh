@@ -255,6 +255,32 @@ struct OnlineSoftmax {
       }
   }
 
+  // The running-maximum mode's end with o normalised by the row sums of the
+  // 16-bit P its numerator used (weight_sums, as in finalize_unshifted) and
+  // lse from the f32 sums and the reference maxima, as in finalize(). For
+  // lazy rescaling, whose largest p is not exactly 1 (see the top of this
+  // file and docs/hopper.md TODO 7): the weights then sum to one whatever
+  // their rounding, so o carries no error common to its columns.
+  template <int kDT>
+  __device__ __forceinline__ void finalize_weighted(float (&o)[kMT][kDT][4], float (&lse)[kRows],
+                                                    const float (&weight_sums)[kMT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        const float sum = quad_sum(row_sum[r]);
+        const float weights = weight_sums[mt][2 * half];  // rows g and g + 8 of the C fragment
+        lse[r] = sum > 0.0f ? (row_max[r] * mult + log2f(sum)) * kLn2 : -INFINITY;
+        const float inv = weights > 0.0f ? 1.0f / weights : 0.0f;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[mt][dt][2 * half] *= inv;
+          o[mt][dt][2 * half + 1] *= inv;
+        }
+      }
+  }
+
   // Normalises o by the row sums; returns each row's lse (natural log) in
   // lse[r] (-inf for a row with no kept key, whose o becomes 0).
   template <int kDT>

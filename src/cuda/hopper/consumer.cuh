@@ -169,6 +169,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   static_assert(kConsumerWarpgroups == 2, "PingPong pairs exactly two consumer warpgroups");
   constexpr bool kSoftcap = flash::has_softcap(kScores);
   constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
+  // o is divided by the row sums of the 16-bit P (P times ones, below)
+  // where no P is exactly 1: without row maximum, and with lazy rescaling
+  // (whose largest p is 2^x, 0 < x <= 8; docs/hopper.md TODO 7).
+  constexpr bool kTensorRowSums = !kRowMax || kLazyRescale;
   constexpr int kFmaExp2Quarters = forward_fma_exp2_quarters<Tile>(kSoftcap);
   constexpr bool kQInRegs = q_in_registers<Tile>(kSoftcap);
 
@@ -229,10 +233,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     }
     ptx::wgmma_commit();
   };
-  // Without row max, o is normalised by the row sums of the 16-bit P its
+  // With kTensorRowSums, o is normalised by the row sums of the 16-bit P its
   // numerator used, not by the f32 sums of P (those give lse): no P is
-  // exactly 1 in that mode, and a row dominated by one key must still get o
-  // = v of that key exactly (score_mode.hpp). The tensor cores form them as
+  // exactly 1 in those modes, and a row dominated by one key must still get
+  // o = v of that key exactly (score_mode.hpp). The tensor cores form them as
   // P times a [kBN x 8] tile of ones (every column of the m64n8 accumulator
   // is the row sum), in the same commit group as P V.
   float p_sums[1][1][4];
@@ -244,7 +248,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
 #pragma unroll
     for (int kk = 0; kk < kStepsPV; ++kk)
       ptx::Wgmma<kD, Elem>::rs(o[0], pa[kk], v_desc<kBN>(v, kk), 1);
-    if constexpr (!kRowMax) {
+    if constexpr (kTensorRowSums) {
 #pragma unroll
       for (int kk = 0; kk < kStepsPV; ++kk)  // every k-step reads the same ones
         ptx::Wgmma<8, Elem>::rs(p_sums[0], pa[kk], ones_desc, 1);
@@ -295,7 +299,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   // O's accumulators (and the row sums of P, GEMM-written alike).
   const auto pin_o = [&] {
     ptx::pin(o[0]);
-    if constexpr (!kRowMax) ptx::pin(p_sums[0]);
+    if constexpr (kTensorRowSums) ptx::pin(p_sums[0]);
   };
   RowSoftmax softmax(p.score.mult);
   if constexpr (!kRowMax) softmax.start_unshifted();
@@ -323,7 +327,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       pin_o();
       ptx::pin(pa);  // the GEMM read pa until here
       if (it > 0) release_kv(smem + L::kVEmpty + bar_off(it - 1));
-      if (kRowMax && (!kLazyRescale || rescale)) softmax.rescale(o, alpha);
+      if (kRowMax && (!kLazyRescale || rescale)) {
+        softmax.rescale(o, alpha);
+        if constexpr (kTensorRowSums) softmax.rescale(p_sums, alpha);
+      }
       to_a(pa, s);
     };
     if (tiles > 0) {
@@ -395,7 +402,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::pin(s[0]);
       pin_q();
       release_kv(smem + L::kKEmpty + bar_off(it));
-      if (scores(s, it, softmax, alpha)) softmax.rescale(o, alpha);
+      if (scores(s, it, softmax, alpha)) {
+        softmax.rescale(o, alpha);
+        if constexpr (kTensorRowSums) softmax.rescale(p_sums, alpha);
+      }
       to_a(pa, s);
       ptx::mbar_wait(smem + L::kVFull + bar_off(it), parity(it));
       pin_o();
@@ -409,10 +419,12 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     release_q();  // every GEMM of the tile was waited for
   }
 
-  if constexpr (kRowMax)
-    softmax.finalize(o, out.lse);
-  else
+  if constexpr (!kRowMax)
     softmax.finalize_unshifted(o, out.lse, p_sums[0]);
+  else if constexpr (kTensorRowSums)
+    softmax.finalize_weighted(o, out.lse, p_sums[0]);
+  else
+    softmax.finalize(o, out.lse);
 }
 
 }  // namespace gqattn::hopper

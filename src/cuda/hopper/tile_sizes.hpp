@@ -161,8 +161,9 @@ constexpr bool kQInRegisters = true;
 // the no-row-maximum mode's (score_mode.hpp): divide o by the sum of the
 // 16-bit P (P times ones on the tensor cores, finalize_unshifted), keeping
 // the f32 sums for lse; or a threshold of 0 (skip only where no row's
-// maximum changed: bitwise the eager result). Neither is measured yet
-// (docs/hopper.md TODO 7).
+// maximum changed: bitwise the eager result). The first is built: with
+// kLazyRescale on, consumer.cuh's kTensorRowSums brings those sums along;
+// not yet run on a GPU, neither is measured (docs/hopper.md TODO 7).
 constexpr bool kLazyRescale = false;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the wide key tile
