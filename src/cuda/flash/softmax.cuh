@@ -38,6 +38,8 @@ namespace gqattn::flash {
 
 constexpr float kLn2 = 0.6931471805599453f;
 // Lazy rescaling's bound on p, as a power of two (FlashAttention-4's 8).
+// 0: a warp skips the rescale only where none of its rows' maxima changed,
+// which gives the eager form's results bit for bit (alpha would be 2^0).
 constexpr float kLazyRescaleLog2 = 8.0f;
 
 // 2^x of a score in n8 block nt of a tile: blocks with nt % 4 below

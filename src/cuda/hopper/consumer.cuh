@@ -171,8 +171,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
   // o is divided by the row sums of the 16-bit P (P times ones, below)
   // where no P is exactly 1: without row maximum, and with lazy rescaling
-  // (whose largest p is 2^x, 0 < x <= 8; docs/hopper.md TODO 7).
-  constexpr bool kTensorRowSums = !kRowMax || kLazyRescale;
+  // above a threshold of 0 (whose largest p is 2^x, 0 < x <= the threshold;
+  // docs/hopper.md TODO 7). At threshold 0 a skipped rescale is one by
+  // exactly 1 and the reference stays the true maximum.
+  constexpr bool kTensorRowSums = !kRowMax || (kLazyRescale && flash::kLazyRescaleLog2 > 0.0f);
   constexpr int kFmaExp2Quarters = forward_fma_exp2_quarters<Tile>(kSoftcap);
   constexpr bool kQInRegs = q_in_registers<Tile>(kSoftcap);
 
