@@ -17,13 +17,18 @@
 // Lazy rescaling (FlashAttention-4's; kLazy): a row's reference maximum
 // row_max need not be its true maximum, only at least (true maximum -
 // kLazyRescaleLog2 / mult): every p is then at most 2^kLazyRescaleLog2,
-// which the f32 sums and O and the 16-bit P hold with the same relative
-// precision as p <= 1 (no overflow, no extra rounding), and O / sum and lse
-// = (row_max mult + log2 sum) ln 2 are the same quantities. So a warp keeps
-// its rows' references, and skips O's rescale (a multiply per element of O)
-// and alpha's exponentials, unless one of its rows grew by more than that;
-// then every row of the warp moves to its true maximum, as without kLazy.
-// The vote keeps the branch warp-uniform. A row whose reference is -inf
+// which the f32 sums and O and the 16-bit P hold without overflow, and
+// O / sum and lse = (row_max mult + log2 sum) ln 2 are the same quantities.
+// So a warp keeps its rows' references, and skips O's rescale (a multiply
+// per element of O) and alpha's exponentials, unless one of its rows grew
+// by more than that; then every row of the warp moves to its true maximum,
+// as without kLazy. The vote keeps the branch warp-uniform. One precision
+// difference: the row's largest p is no longer exactly 1, so its 16-bit
+// rounding in O's numerator is not matched by the f32 sum; o must then be
+// divided by the sums of the 16-bit P (finalize_weighted), or it carries an
+// error common to its columns that the backward's D = rowsum(dO o O)
+// amplifies (measured: docs/hopper.md TODO 7). A threshold of 0 keeps the
+// reference exact and needs no such sums. A row whose reference is -inf
 // and that now has a kept score grows by +inf, so it always takes the
 // reference; a still fully masked row's -inf - -inf is NaN, which compares
 // false: it stays at -inf (offset 0, p 0).
