@@ -77,8 +77,9 @@ constexpr bool kForwardD128TwoTilesPerWarp = true;
 // more than they save). Hence d128 only, if on. Off for the reason
 // cuda-hopper's kLazyRescale is (hopper/tile_sizes.hpp): o divided by the
 // f32 sums of a stale reference carries a common error that the backward's
-// D amplifies; the flash tests passed with it on, but the cure belongs to
-// both backends.
+// D amplifies. The flash tests passed with it on, but cuda-flash has no
+// cure built (its forward would divide o by the 16-bit P's sums, as its
+// no-row-maximum mode does, or use flash::kLazyRescaleLog2 = 0).
 constexpr bool kForwardLazyRescale = false;
 template <>
 struct ForwardTile<128> {
