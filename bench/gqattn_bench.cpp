@@ -27,6 +27,10 @@
 // timed window), so the GPU idles between calls: if a kernel is slower
 // back to back than after a pause (power or thermal limits), this shows it.
 // Each line says which in "idle_ms".
+// Each line also gives the wall-clock span of each pass's timed calls,
+// "fwd_wall_s" / "bwd_wall_s": [start, end] in seconds since the epoch, so
+// a clock sampler running beside the bench (side_by_side.py's) can tell
+// the SM clock and power during them.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -233,6 +237,11 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
+  const auto wall_s = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  double wall_start = 0.0, wall_end = 0.0;  // of the last time_calls' timed calls
   auto time_calls = [&](auto&& call) {
     for (int i = 0; i < s.warmup; ++i) call(all[std::size_t(i % sets)]);
     if (s.release_workspace) {
@@ -241,6 +250,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
       gqattn::release_workspace_memory();
     }
     std::vector<float> ms;
+    wall_start = wall_s();
     for (int i = 0; i < s.repeats; ++i) {
       if (s.idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(s.idle_ms));
       check(cudaEventRecord(start, stream), "record");
@@ -252,6 +262,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
       check(cudaEventElapsedTime(&t, start, stop), "elapsed");
       ms.push_back(t);
     }
+    wall_end = wall_s();
     return median(ms);
   };
 
@@ -259,8 +270,10 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
     for (const Set& x : all) forward(x);  // every set's o and lse, for the backward
     check(cudaStreamSynchronize(stream), "sync");
     const double fwd_ms = time_calls(forward);
-    append(line, ", \"sets\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f", sets, fwd_ms,
-           fwd_flops / (fwd_ms * 1e-3) / 1e12);
+    append(line,
+           ", \"sets\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
+           "\"fwd_wall_s\": [%.3f, %.3f]",
+           sets, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, wall_start, wall_end);
     const gqattn::Explanation backward_support =
         gqattn::explain(p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::backward);
     if (s.backward && !backward_support.supported) {
@@ -269,8 +282,8 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
       append(line, ", \"bwd_skipped\": \"%s\"", why.c_str());
     } else if (s.backward) {
       const double bwd_ms = time_calls(backward);
-      append(line, ", \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f", bwd_ms,
-             kBackwardFlopFactor * fwd_flops / (bwd_ms * 1e-3) / 1e12);
+      append(line, ", \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f, \"bwd_wall_s\": [%.3f, %.3f]", bwd_ms,
+             kBackwardFlopFactor * fwd_flops / (bwd_ms * 1e-3) / 1e12, wall_start, wall_end);
     }
   } catch (const gqattn::Error& e) {
     std::string what = e.what();

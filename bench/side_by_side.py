@@ -31,6 +31,16 @@ its "round") and the medians ("medians"), which bench/plot.py draws.
 contains TEXT, for a short run of the shapes a change touched; the tables
 of docs/performance.md are full runs.
 
+While it runs, nvidia-smi samples the GPU's SM clock and power draw every
+50 ms (where nvidia-smi exists; nothing else changes if it does not). Each
+record gets the mean over the samples inside its timed calls (fwd_sm_mhz,
+fwd_power_w, bwd_sm_mhz, bwd_power_w), and a second table prints the SM
+clock during each backend's backward: under the H200's power cap a long
+backward runs at lower clocks back to back than after a pause (2026-12-01,
+docs/performance.md), and this shows by how much, per backend, in the same
+run. power.draw is nvidia-smi's (averaged) reading, a rough figure. GPU 0
+as nvidia-smi numbers them; not under --torch-only.
+
 --ours lists the gqattn backends to time (default cuda-flash); an entry
 BACKEND:nondet runs gqattn_bench --nondeterministic (Options::deterministic
 = false: cuda-flash's backward adds dQ with atomics) and is labelled
@@ -45,6 +55,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
+from datetime import datetime
 
 ROTATE_BYTES = 256 << 20
 MAX_SETS = 16
@@ -66,6 +79,71 @@ STANDARD = [
     (4, 4096, 32, 8, 128, True, 1024, 0.0),
     (4, 4096, 32, 8, 128, True, 0, 30.0),
 ]
+
+
+class ClockSampler:
+    """nvidia-smi in the background, one line per period: the SM clock (MHz)
+    and the power draw (W) of the GPU. mean(start, end) averages the samples
+    taken in a wall-clock span (time.time() seconds; nvidia-smi's local
+    timestamps are converted the same way). Never raises: without
+    nvidia-smi, or if it fails, there are no samples and mean() is None."""
+
+    QUERY = "timestamp,clocks.sm,power.draw"
+
+    def __init__(self, period_ms=50, gpu=0, enabled=True):
+        self.samples = []  # (epoch seconds, sm MHz, watts)
+        self.proc = None
+        self.log = tempfile.TemporaryFile(mode="w+")
+        if not enabled:
+            return
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
+                 "-lms", str(period_ms), "-i", str(gpu)],
+                stdout=self.log, stderr=subprocess.DEVNULL)
+        except OSError:
+            self.proc = None
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.seek(0)
+        self.samples = self.parse(self.log.read())
+
+    @staticmethod
+    def parse(text):
+        out = []
+        for line in text.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) != 3:
+                continue
+            try:
+                t = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                out.append((t, float(parts[1]), float(parts[2])))
+            except ValueError:
+                continue  # a header, "[N/A]", a cut-off last line
+        return out
+
+    def mean(self, start, end):
+        inside = [(mhz, w) for t, mhz, w in self.samples if start <= t <= end]
+        if not inside:
+            return None
+        return (statistics.fmean(m for m, _ in inside), statistics.fmean(w for _, w in inside))
+
+
+def annotate_clocks(results, sampler):
+    """Adds fwd/bwd_sm_mhz and fwd/bwd_power_w to every record whose timed
+    calls' span (fwd_wall_s / bwd_wall_s) holds samples."""
+    for rec in results:
+        for short in ("fwd", "bwd"):
+            span = rec.get(f"{short}_wall_s")
+            got = sampler.mean(*span) if span else None
+            if got:
+                rec[f"{short}_sm_mhz"], rec[f"{short}_power_w"] = round(got[0]), round(got[1], 1)
 
 
 def kept_pairs(Tq, Tk, causal, window):
@@ -230,7 +308,9 @@ def torch_side(cfgs, repeats, results):
                 rec["rel_err"] = err
                 if not err < REF_MAX_REL_ERR:
                     raise RuntimeError(f"wrong result: relative error {err:.2e}")
+                wall = time.time()
                 fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets)
+                rec["fwd_wall_s"] = [wall, time.time()]
                 rec["fwd_ms"], rec["fwd_tflops"] = fwd_ms, fl / fwd_ms / 1e9
                 for s in sets:
                     s[4] = f(s[0], s[1], s[2])
@@ -238,7 +318,9 @@ def torch_side(cfgs, repeats, results):
                 def bwd(s):
                     s[0].grad = s[1].grad = s[2].grad = None
                     s[4].backward(s[3], retain_graph=True)
+                wall = time.time()
                 bwd_ms = median_ms(bwd, sets)
+                rec["bwd_wall_s"] = [wall, time.time()]
                 rec["bwd_ms"], rec["bwd_tflops"] = bwd_ms, BWD_FACTOR * fl / bwd_ms / 1e9
                 del sets
             except Exception as e:
@@ -281,6 +363,9 @@ def main():
 
     ours_entries = [parse_ours(e) for e in args.ours.split(",") if e.strip()]
     results = []
+    # Not under --torch-only, which scripts/h200-cycle profile runs under
+    # Nsight Compute: nothing else should touch the GPU there.
+    sampler = ClockSampler(enabled=not args.torch_only)
     bench = None if args.torch_only else find_bench(args.bench)
     if bench is None and not args.torch_only:
         print("gqattn_bench not found (build it, or pass --bench)", file=sys.stderr)
@@ -305,7 +390,10 @@ def main():
             torch_side(cfgs, args.repeats, results)
         for rec in results[first:]:
             rec["round"] = round_index
+    sampler.stop()
+    annotate_clocks(results, sampler)
     medians, table = summarise(cfgs, results, args.rounds)
+    print_clocks(cfgs, results)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "side_by_side.json")
     with open(path, "w") as fh:
@@ -314,6 +402,29 @@ def main():
 
 
 METRICS = ("fwd_tflops", "bwd_tflops")
+
+
+def print_clocks(cfgs, results):
+    """One row per shape: each backend's mean SM clock (MHz) and power (W)
+    during its timed backward calls, median over the rounds."""
+    names = []
+    for r in results:
+        if r["backend"] not in names and "bwd_sm_mhz" in r:
+            names.append(r["backend"])
+    if not names:
+        return
+    print("\nSM clock MHz / power W during the timed backward calls (nvidia-smi, 50 ms samples)")
+    print(f"{'shape':40s} " + " ".join(f"{n:>18s}" for n in names))
+    for cfg in cfgs:
+        key = shape_key(cfg)
+        cells = []
+        for n in names:
+            recs = [r for r in results if r["shape"] == key and r["backend"] == n
+                    and "bwd_sm_mhz" in r]
+            cells.append(f"{statistics.median(r['bwd_sm_mhz'] for r in recs):6.0f} / "
+                         f"{statistics.median(r['bwd_power_w'] for r in recs):5.0f}"
+                         if recs else "-")
+        print(f"{key:40s} " + " ".join(f"{c:>18s}" for c in cells))
 
 
 def ratio_of(records, others, ours_det, key):
