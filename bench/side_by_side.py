@@ -12,7 +12,8 @@ warm-up calls, every call timed alone between two CUDA events, median.
 FLOPs: forward 4 * d * H * B * (kept (i, j) pairs, counted exactly from the
 mask), backward 2.5x forward. SDPA has no window or softcap: those shapes
 are compared with FlexAttention only. Checked by running it on the GPU
-machine; torch backends are spot-checked against an f32 reference so a
+machine (its host-side logic also by bench/tests/test_side_by_side.py);
+torch backends are spot-checked against an f32 reference so a
 fast-but-wrong result is not reported.
 
 usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]

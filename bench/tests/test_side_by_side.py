@@ -1,0 +1,73 @@
+"""The host-side logic of bench/side_by_side.py, without a GPU: the exact
+FLOP count's kept pairs, and the clock sampler's parsing of nvidia-smi
+lines and their attribution to each record's timed calls. The timing
+itself is checked by running the script on the GPU machine."""
+import os
+import sys
+import time
+from datetime import datetime
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import side_by_side as sbs  # noqa: E402
+
+
+def smi_line(t, mhz, watts):
+    """One line as nvidia-smi --format=csv,noheader,nounits prints it."""
+    return f"{datetime.fromtimestamp(t).strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]}, {mhz}, {watts}"
+
+
+def sampler_with(samples):
+    s = sbs.ClockSampler(enabled=False)
+    s.samples = samples
+    return s
+
+
+def test_kept_pairs_match_the_masks():
+    assert sbs.kept_pairs(4, 4, False, 0) == 16
+    assert sbs.kept_pairs(4, 4, True, 0) == 10
+    # Tq < Tk, causal: query i sees keys up to i + Tk - Tq.
+    assert sbs.kept_pairs(2, 5, True, 0) == 4 + 5
+    # The window shape of the standard set (tests/cpu/test_problem.cpp).
+    assert sbs.kept_pairs(4096, 4096, True, 1024) == 3670528
+
+
+def test_parse_keeps_well_formed_lines_only():
+    t0 = time.time()
+    text = "\n".join([
+        "timestamp, clocks.current.sm [MHz], power.draw [W]",  # a header, if one appears
+        smi_line(t0, 1980, "118.50"),
+        smi_line(t0 + 0.05, 1710, "[N/A]"),
+        smi_line(t0 + 0.10, 1650, "650.25"),
+        "2026/12/01 01:2",  # cut off by terminate()
+    ])
+    samples = sbs.ClockSampler.parse(text)
+    assert [(mhz, w) for _, mhz, w in samples] == [(1980.0, 118.5), (1650.0, 650.25)]
+    assert samples[0][0] == pytest.approx(t0, abs=2e-3)  # ms resolution
+
+
+def test_mean_averages_the_samples_inside_a_span():
+    s = sampler_with([(10.0, 1980.0, 100.0), (10.5, 1700.0, 600.0), (11.0, 1800.0, 500.0)])
+    assert s.mean(10.4, 11.0) == pytest.approx((1750.0, 550.0))
+    assert s.mean(12.0, 13.0) is None
+
+
+def test_annotate_adds_clocks_where_samples_fall_in_the_timed_calls():
+    s = sampler_with([(10.0, 1980.0, 100.0), (20.0, 1700.0, 650.0)])
+    recs = [
+        dict(backend="a", fwd_wall_s=[9.5, 10.5], bwd_wall_s=[19.0, 21.0]),
+        dict(backend="b", fwd_wall_s=[30.0, 31.0]),  # no samples then, no backward
+        dict(backend="c", error="exit 1"),  # a failed run has no spans
+    ]
+    sbs.annotate_clocks(recs, s)
+    assert (recs[0]["fwd_sm_mhz"], recs[0]["fwd_power_w"]) == (1980, 100.0)
+    assert (recs[0]["bwd_sm_mhz"], recs[0]["bwd_power_w"]) == (1700, 650.0)
+    assert "fwd_sm_mhz" not in recs[1] and "bwd_sm_mhz" not in recs[1]
+    assert set(recs[2]) == {"backend", "error"}
+
+
+def test_a_disabled_sampler_starts_nothing_and_yields_nothing():
+    s = sbs.ClockSampler(enabled=False)
+    s.stop()
+    assert s.proc is None and s.samples == [] and s.mean(0.0, 1e12) is None
