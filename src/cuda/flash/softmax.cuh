@@ -77,76 +77,34 @@ struct OnlineSoftmax {
   // first kept tile). Returns whether O must be rescaled by alpha: always
   // without kLazy; with it, warp-uniformly, and alpha is unset when not.
   // Split from the rescale for cuda-hopper, whose O may still be an
-  // in-flight wgmma accumulator here. Without kLazy the arithmetic (and the
-  // compiled code) is the eager form's as it was before kLazy existed.
+  // in-flight wgmma accumulator here.
   template <bool kLazy, int kFmaExp2Quarters = 0, int kNT>
   __device__ __forceinline__ bool scores_to_p(float (&s)[kMT][kNT][4], float (&alpha)[kRows]) {
-    if constexpr (!kLazy) {
+    if constexpr (!kLazy) {  // row by row, in the order the eager form always had
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = mt * 2 + half;
-          float mx = row_max[r];
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-            mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-          mx = quad_max(mx);
-          const float offset = (mx == -INFINITY ? 0.0f : mx) * mult;
-          alpha[r] = fast_exp2(row_max[r] * mult - offset);
-          row_max[r] = mx;
-          float sum = row_sum[r] * alpha[r];
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 2 * half; e < 2 * half + 2; ++e) {
-              const float p = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][e], mult, -offset), nt);
-              s[mt][nt][e] = p;
-              sum += p;
-            }
-          row_sum[r] = sum;
-        }
+      for (int r = 0; r < kRows; ++r) alpha[r] = eager_row_to_p<kFmaExp2Quarters>(s, r);
       return true;
-    } else {
-      float mx[kRows];
-      bool grew = false;  // a row of this thread outgrew its reference by > kLazyRescaleLog2
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = mt * 2 + half;
-          mx[r] = row_max[r];
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-            mx[r] = fmaxf(mx[r], fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-          mx[r] = quad_max(mx[r]);
-          grew |= (mx[r] - row_max[r]) * mult > kLazyRescaleLog2;
-        }
-      const bool rescale = __any_sync(0xffffffffu, grew);
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = mt * 2 + half;
-          if (rescale) {
-            const float offset = (mx[r] == -INFINITY ? 0.0f : mx[r]) * mult;
-            alpha[r] = fast_exp2(row_max[r] * mult - offset);
-            row_max[r] = mx[r];
-          }
-          const float offset = (row_max[r] == -INFINITY ? 0.0f : row_max[r]) * mult;
-          float sum = rescale ? row_sum[r] * alpha[r] : row_sum[r];
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 2 * half; e < 2 * half + 2; ++e) {
-              const float p = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][e], mult, -offset), nt);
-              s[mt][nt][e] = p;
-              sum += p;
-            }
-          row_sum[r] = sum;
-        }
-      return rescale;
     }
+    float mx[kRows];
+    bool grew = false;  // a row of this thread outgrew its reference by > kLazyRescaleLog2
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      mx[r] = tile_row_max(s, r);
+      grew |= (mx[r] - row_max[r]) * mult > kLazyRescaleLog2;
+    }
+    const bool rescale = __any_sync(0xffffffffu, grew);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (rescale) {
+        const float offset = (mx[r] == -INFINITY ? 0.0f : mx[r]) * mult;
+        alpha[r] = fast_exp2(row_max[r] * mult - offset);
+        row_max[r] = mx[r];
+      }
+      const float offset = (row_max[r] == -INFINITY ? 0.0f : row_max[r]) * mult;
+      row_sum[r] =
+          exp_and_sum<kFmaExp2Quarters>(s, r, offset, rescale ? row_sum[r] * alpha[r] : row_sum[r]);
+    }
+    return rescale;
   }
 
   // o *= alpha, row by row (after scores_to_p returned true).
@@ -164,40 +122,19 @@ struct OnlineSoftmax {
         }
   }
 
-  // Both: s becomes p, o is rescaled to the new reference maxima. Without
-  // kLazy, row by row, the eager form's order as before kLazy existed.
+  // Both: s becomes p, o is rescaled to the new reference maxima.
   template <bool kLazy, int kNT, int kDT>
   __device__ __forceinline__ void update(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4]) {
-    if constexpr (!kLazy) {
+    if constexpr (!kLazy) {  // each row's rescale right after its p, as always
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+      for (int r = 0; r < kRows; ++r) {
+        const float alpha = eager_row_to_p<0>(s, r);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = mt * 2 + half;
-          float mx = row_max[r];
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-            mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-          mx = quad_max(mx);
-          const float offset = (mx == -INFINITY ? 0.0f : mx) * mult;
-          const float alpha = fast_exp2(row_max[r] * mult - offset);  // 0 on the first kept tile
-          row_max[r] = mx;
-          float sum = row_sum[r] * alpha;
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 2 * half; e < 2 * half + 2; ++e) {
-              const float p = fast_exp2(fmaf(s[mt][nt][e], mult, -offset));
-              s[mt][nt][e] = p;
-              sum += p;
-            }
-          row_sum[r] = sum;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            o[mt][dt][2 * half] *= alpha;
-            o[mt][dt][2 * half + 1] *= alpha;
-          }
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[r / 2][dt][2 * (r % 2)] *= alpha;
+          o[r / 2][dt][2 * (r % 2) + 1] *= alpha;
         }
+      }
     } else {
       float alpha[kRows];
       if (scores_to_p<true>(s, alpha)) rescale(o, alpha);
@@ -286,6 +223,46 @@ struct OnlineSoftmax {
           o[mt][dt][2 * half + 1] *= inv;
         }
       }
+  }
+
+  // Row r's (= tile mt = r / 2, half r % 2) maximum over this tile and its
+  // reference, reduced over the quad.
+  template <int kNT>
+  __device__ __forceinline__ float tile_row_max(const float (&s)[kMT][kNT][4], int r) const {
+    const int mt = r / 2, half = r % 2;
+    float mx = row_max[r];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+      mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+    return quad_max(mx);
+  }
+
+  // The eager step of row r: its reference becomes its true maximum, its
+  // scores p, its sum is rescaled and grows by them; returns alpha.
+  template <int kFmaExp2Quarters, int kNT>
+  __device__ __forceinline__ float eager_row_to_p(float (&s)[kMT][kNT][4], int r) {
+    const float mx = tile_row_max(s, r);
+    const float offset = (mx == -INFINITY ? 0.0f : mx) * mult;
+    const float alpha = fast_exp2(row_max[r] * mult - offset);
+    row_max[r] = mx;
+    row_sum[r] = exp_and_sum<kFmaExp2Quarters>(s, r, offset, row_sum[r] * alpha);
+    return alpha;
+  }
+
+  // Row r's scores become p = 2^(s mult - offset); returns sum plus their sum.
+  template <int kFmaExp2Quarters, int kNT>
+  __device__ __forceinline__ float exp_and_sum(float (&s)[kMT][kNT][4], int r, float offset,
+                                               float sum) const {
+    const int mt = r / 2, half = r % 2;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        const float p = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][e], mult, -offset), nt);
+        s[mt][nt][e] = p;
+        sum += p;
+      }
+    return sum;
   }
 
   // Normalises o by the row sums; returns each row's lse (natural log) in
