@@ -94,6 +94,18 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[kSteps][4], uint
     flash::ldsm_x4(qa[kk], wg_q_tile + a_fragment_ldmatrix_offset(kk, warp, lane, kBM));
 }
 
+// Whether o is divided by the row sums of the 16-bit P (P times a tile of
+// ones on the tensor cores, below) rather than by the f32 sums: where no P
+// is exactly 1, i.e. without row maximum, and with lazy rescaling above a
+// threshold of 0 (whose largest p is 2^x, 0 < x <= the threshold;
+// docs/hopper.md TODO 7). At threshold 0 a skipped rescale is one by
+// exactly 1 and the reference stays the true maximum. The kernel writes the
+// ones tile exactly where this holds (forward_kernel.cuh).
+constexpr bool uses_tensor_row_sums(ScoreMode scores) {
+  return scores == ScoreMode::softcap_without_row_max ||
+         (kLazyRescale && flash::kLazyRescaleLog2 > 0.0f);
+}
+
 // The result of a consumer warpgroup: its O rows (normalised) and their lse.
 template <int kD>
 struct ConsumerResult {
@@ -169,12 +181,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   static_assert(kConsumerWarpgroups == 2, "PingPong pairs exactly two consumer warpgroups");
   constexpr bool kSoftcap = flash::has_softcap(kScores);
   constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
-  // o is divided by the row sums of the 16-bit P (P times ones, below)
-  // where no P is exactly 1: without row maximum, and with lazy rescaling
-  // above a threshold of 0 (whose largest p is 2^x, 0 < x <= the threshold;
-  // docs/hopper.md TODO 7). At threshold 0 a skipped rescale is one by
-  // exactly 1 and the reference stays the true maximum.
-  constexpr bool kTensorRowSums = !kRowMax || (kLazyRescale && flash::kLazyRescaleLog2 > 0.0f);
+  constexpr bool kTensorRowSums = uses_tensor_row_sums(kScores);
   constexpr int kFmaExp2Quarters = forward_fma_exp2_quarters<Tile>(kSoftcap);
   constexpr bool kQInRegs = q_in_registers<Tile>(kSoftcap);
 

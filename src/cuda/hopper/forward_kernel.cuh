@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::mbar_init(smem + L::kQEmpty, kEmptyArrivals);
     ptx::mbar_init_fence();
   }
-  if constexpr (kScores == ScoreMode::softcap_without_row_max) {
+  if constexpr (uses_tensor_row_sums(kScores)) {
     // The tile of ones (consumer.cuh's row sums of P), written once; the
     // fence makes these generic-proxy writes visible to wgmma (async proxy)
     // after the barrier.
