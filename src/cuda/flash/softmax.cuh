@@ -42,10 +42,13 @@
 namespace gqattn::flash {
 
 constexpr float kLn2 = 0.6931471805599453f;
-// Lazy rescaling's bound on p, as a power of two (FlashAttention-4's 8).
-// 0: a warp skips the rescale only where none of its rows' maxima changed,
-// which gives the eager form's results bit for bit (alpha would be 2^0).
-constexpr float kLazyRescaleLog2 = 8.0f;
+// Lazy rescaling's bound on p, as a power of two. 0: a warp skips the
+// rescale only where none of its rows' maxima changed, which gives the
+// eager form's results bit for bit (alpha would be 2^0 = 1). FlashAttention-
+// 4's 8 needs o divided by the sums of the 16-bit P, which cuda-hopper
+// builds (consumer.cuh uses_tensor_row_sums) but which cost it more tensor
+// time than the skipped rescales saved (measured: hopper/tile_sizes.hpp).
+constexpr float kLazyRescaleLog2 = 0.0f;
 
 // 2^x of a score in n8 block nt of a tile: blocks with nt % 4 below
 // kFmaExp2Quarters on the FMA pipe (exp2_fma), the others on the MUFU

@@ -68,8 +68,8 @@ constexpr bool kForwardD128TwoTilesPerWarp = true;
 // reference maximum by more than 2^kLazyRescaleLog2 (softmax.cuh,
 // FlashAttention-4's lazy rescaling). Off: every key tile rescales O (the
 // kernels SASS-identical to those before the switch existed).
-// Measured on the H200 (2026-12-01, fwd TFLOP/s, one call, interleaved
-// builds lazy / off / lazy / off, every tile lazy): d128 causal B4 T4k 365 /
+// Measured on the H200 at threshold 8 (2026-12-01, fwd TFLOP/s, one call,
+// interleaved builds lazy / off / lazy / off, every tile lazy): d128 causal B4 T4k 365 /
 // 361 / 366 / 364, B1 T16k 384 / 370 / 381 / 373, non-causal 373 / 373 /
 // 376 / 372, window 1024 314 / 316 / 312 / 310; but d64 294 / 307 / 296 /
 // 305 and d256 315 / 325 / 315 / 327 (there the rescale's multiplies fill
@@ -79,7 +79,9 @@ constexpr bool kForwardD128TwoTilesPerWarp = true;
 // f32 sums of a stale reference carries a common error that the backward's
 // D amplifies. The flash tests passed with it on, but cuda-flash has no
 // cure built (its forward would divide o by the 16-bit P's sums, as its
-// no-row-maximum mode does, or use flash::kLazyRescaleLog2 = 0).
+// no-row-maximum mode does). The threshold is now 0 (bitwise eager, shipped
+// on cuda-hopper), which cuda-flash has not been measured with: its d128
+// gain came from the skips a threshold of 8 allows.
 constexpr bool kForwardLazyRescale = false;
 template <>
 struct ForwardTile<128> {

@@ -137,34 +137,31 @@ constexpr bool kQInRegisters = true;
 // kLazyRescale: FlashAttention-4's lazy rescaling in the running-maximum
 // softmax (flash/softmax.cuh OnlineSoftmax::scores_to_p): a warp keeps its
 // rows' reference maxima while no row's maximum grew by more than
-// flash::kLazyRescaleLog2 (in exp2 units: every p <= 2^8), so most key
-// tiles skip O's rescale (d / 2 multiplies per thread between the P V
-// GEMM's retirement and the next issue) and alpha's exponential. Off:
-// every tile rescales (the kernels SASS-identical to those before the
-// switch existed).
-// Measured on the H200 (2026-12-01, fwd TFLOP/s, one call, interleaved
-// builds lazy / off / lazy / off): d128 causal B16 T1k 427 / 421 / 426 /
-// 418, B4 T4k 627 / 615 / 625 / 613, B1 T16k 630 / 607 / 624 / 612,
-// non-causal 649 / 632 / 649 / 637, d256 causal 686 / 641 / 684 / 639,
-// window 1024 497 / 492 / 498 / 490, softcap 60 (running max) 376 / 366 /
-// 376 / 366; d64 408 / 407 / 409 / 408, softcap 30 (no row maximum, not
-// affected) 418 / 419 / 419 / 410. The 73 forward tests pass with it (and
-// 8 fail with the threshold at 1e30, so they see the rescale).
-// Why it is off: with it on, the backward test Tq37_Tk200_causal_d256
-// failed (dq error 0.029, tolerance 0.019; dk 0.021 / 0.016; o, lse, dv
-// within tolerance). A stale reference makes a row's largest p some 2^x
-// with 0 < x <= 8 instead of exactly 1, so its 16-bit rounding (2^-9) is
-// no longer cancelled, while o is divided by the f32 sum of the unrounded
-// p: o carries a common relative error across its d columns, D = rowsum(dO
-// o O) the same error coherently (about 64 times 2^-9 at d256 with
-// mean-0.5 inputs), and dS = P o (dP - D) inherits it. The known cure is
-// the no-row-maximum mode's (score_mode.hpp): divide o by the sum of the
-// 16-bit P (P times ones on the tensor cores, finalize_unshifted), keeping
-// the f32 sums for lse; or a threshold of 0 (skip only where no row's
-// maximum changed: bitwise the eager result). The first is built: with
-// kLazyRescale on, consumer.cuh's kTensorRowSums brings those sums along;
-// not yet run on a GPU, neither is measured (docs/hopper.md TODO 7).
-constexpr bool kLazyRescale = false;
+// flash::kLazyRescaleLog2 (in exp2 units), so those key tiles skip O's
+// rescale (d / 2 multiplies per thread between the P V GEMM's retirement
+// and the next issue) and alpha's exponential. Off: every tile rescales.
+// The threshold is 0: a tile is skipped only where no row of the warp
+// changed its maximum, so the results are the eager form's bit for bit,
+// and the skips come on long rows (a row's maximum changes in its k-th
+// tile with probability about 1 / k; 16 rows per warp).
+// Measured on the H200 (2026-12-01, fifteenth session, fwd TFLOP/s, one
+// call, interleaved builds off / on three times): d256 causal B4 T4k
+// 630.7 / 643.2, 630.4 / 643.3, 629.4 / 642.1; softcap 60 (running max)
+// 369.7 / 373.4, 370.1 / 375.7, 367.9 / 374.3; d128 causal T4k 605.8 /
+// 607.4, 603.7 / 606.1, 600.7 / 605.6; B16 T1k and window 1024 within
+// 0.5%; T16k and non-causal within their spread (597-661, 578-630).
+// Threshold 8 (FA4's) measured faster still in the fourteenth session
+// (d128 causal T4k 626 / 614, d256 685 / 640) but fails the backward test
+// Tq37_Tk200_causal_d256 (dq error 0.029, tolerance 0.019): the row's
+// largest p is then 2^x with 0 < x <= 8, not exactly 1, and its 16-bit
+// rounding, uncancelled by the f32 sum o is divided by, becomes an error
+// common to o's d columns that D = rowsum(dO o O) sums coherently. Its cure
+// (o divided by the sums of the 16-bit P, the P times ones wgmmas of
+// consumer.cuh, uses_tensor_row_sums) passes the 278 hopper tests but
+// costs more than it saves (same kind of A/B, threshold 8 with the cure /
+// off: d128 causal T4k 588 / 614, T16k 581-599 / 594-616; d256 645-647 /
+// 636-639; docs/hopper.md TODO 7).
+constexpr bool kLazyRescale = true;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the wide key tile
 // (only <128, true> and <64, true> exist, used as forward_wide() says).
