@@ -24,17 +24,22 @@
 // by more than that; then every row of the warp moves to its true maximum,
 // as without kLazy. The vote keeps the branch warp-uniform. One precision
 // difference: the row's largest p is no longer exactly 1, so its 16-bit
-// rounding in O's numerator is not matched by the f32 sum; o must then be
-// divided by the sums of the 16-bit P (finalize_weighted), or it carries an
-// error common to its columns that the backward's D = rowsum(dO o O)
-// amplifies (measured: docs/hopper.md TODO 7). A threshold of 0 keeps the
-// reference exact and needs no such sums. A row whose reference is -inf
+// rounding in O's numerator is not matched by the f32 sum, and o divided by
+// that sum carries an error common to its columns that the backward's D =
+// rowsum(dO o O) amplifies (measured: docs/hopper.md TODO 7). The cure
+// (kCompensateLazy): each thread adds, per row and tile, the 16-bit
+// rounding error of its own largest p to row_fix, and finalize_compensated
+// divides o by row_sum + row_fix (lse keeps the f32 sums): every p that
+// eager softmax would hold exactly (the row's largest is one of these) is
+// then matched, at one exponential per row and tile. A threshold of 0
+// keeps the reference exact and needs no cure. A row whose reference is -inf
 // and that now has a kept score grows by +inf, so it always takes the
 // reference; a still fully masked row's -inf - -inf is NaN, which compares
 // false: it stays at -inf (offset 0, p 0).
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/flash/exp2_fma.hpp"
 #include "cuda/flash/mma.cuh"
@@ -42,13 +47,12 @@
 namespace gqattn::flash {
 
 constexpr float kLn2 = 0.6931471805599453f;
-// Lazy rescaling's bound on p, as a power of two. 0: a warp skips the
-// rescale only where none of its rows' maxima changed, which gives the
-// eager form's results bit for bit (alpha would be 2^0 = 1). FlashAttention-
-// 4's 8 needs o divided by the sums of the 16-bit P, which cuda-hopper
-// builds (consumer.cuh uses_tensor_row_sums) but which cost it more tensor
-// time than the skipped rescales saved (measured: hopper/tile_sizes.hpp).
+// Lazy rescaling's bound on p, as a power of two (FlashAttention-4's 8).
+// 0: a warp skips the rescale only where none of its rows' maxima changed,
+// which gives the eager form's results bit for bit (alpha would be 2^0 = 1)
+// and needs no compensation.
 constexpr float kLazyRescaleLog2 = 0.0f;
+constexpr bool kCompensateLazy = kLazyRescaleLog2 > 0.0f;
 
 // 2^x of a score in n8 block nt of a tile: blocks with nt % 4 below
 // kFmaExp2Quarters on the FMA pipe (exp2_fma), the others on the MUFU
@@ -65,6 +69,9 @@ struct OnlineSoftmax {
   static constexpr int kRows = 2 * kMT;  // rows per thread
   float row_max[kRows];                  // in units of v (before * mult)
   float row_sum[kRows];                  // this thread's partial sums of p
+  // With kCompensateLazy: this thread's sum of (16-bit p - p) over its
+  // largest p of each row and tile (scaled with row_sum).
+  float row_fix[kRows];
   float mult;
 
   __device__ explicit OnlineSoftmax(float mult_) : mult(mult_) {
@@ -72,6 +79,7 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) {
       row_max[r] = -INFINITY;
       row_sum[r] = 0.0f;
+      if constexpr (kCompensateLazy) row_fix[r] = 0.0f;  // else never read
     }
   }
 
@@ -80,19 +88,30 @@ struct OnlineSoftmax {
   // first kept tile). Returns whether O must be rescaled by alpha: always
   // without kLazy; with it, warp-uniformly, and alpha is unset when not.
   // Split from the rescale for cuda-hopper, whose O may still be an
-  // in-flight wgmma accumulator here.
-  template <bool kLazy, int kFmaExp2Quarters = 0, int kNT>
+  // in-flight wgmma accumulator here. Elem: the 16-bit type P is rounded to
+  // for O's numerator (needed by kLazy with kCompensateLazy).
+  template <bool kLazy, int kFmaExp2Quarters = 0, typename Elem = void, int kNT>
   __device__ __forceinline__ bool scores_to_p(float (&s)[kMT][kNT][4], float (&alpha)[kRows]) {
     if constexpr (!kLazy) {  // row by row, in the order the eager form always had
 #pragma unroll
       for (int r = 0; r < kRows; ++r) alpha[r] = eager_row_to_p<kFmaExp2Quarters>(s, r);
       return true;
     }
+    static_assert(!kCompensateLazy || !std::is_void_v<Elem>,
+                  "a threshold above 0 needs P's 16-bit type to compensate its rounding");
+    static_assert(!kCompensateLazy || kFmaExp2Quarters == 0,
+                  "the compensation recomputes the largest p on the MUFU, as P's must be");
     float mx[kRows];
-    bool grew = false;  // a row of this thread outgrew its reference by > kLazyRescaleLog2
+    float own_max[kRows];  // with kCompensateLazy: this thread's largest score of the row
+    bool grew = false;     // a row of this thread outgrew its reference by > kLazyRescaleLog2
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      mx[r] = tile_row_max(s, r);
+      if constexpr (kCompensateLazy) {
+        own_max[r] = thread_row_max(s, r);
+        mx[r] = quad_max(fmaxf(own_max[r], row_max[r]));
+      } else {
+        mx[r] = tile_row_max(s, r);
+      }
       grew |= (mx[r] - row_max[r]) * mult > kLazyRescaleLog2;
     }
     const bool rescale = __any_sync(0xffffffffu, grew);
@@ -106,6 +125,13 @@ struct OnlineSoftmax {
       const float offset = (row_max[r] == -INFINITY ? 0.0f : row_max[r]) * mult;
       row_sum[r] =
           exp_and_sum<kFmaExp2Quarters>(s, r, offset, rescale ? row_sum[r] * alpha[r] : row_sum[r]);
+      if constexpr (kCompensateLazy) {
+        // The same expression as exp_and_sum's, so the same bits as that
+        // element's p (an all-masked thread row gives 2^-inf = 0, no fix).
+        const float top = fast_exp2(fmaf(own_max[r], mult, -offset));
+        const float fix = round_to<Elem>(top) - top;
+        row_fix[r] = (rescale ? row_fix[r] * alpha[r] : row_fix[r]) + fix;
+      }
     }
     return rescale;
   }
@@ -125,8 +151,9 @@ struct OnlineSoftmax {
         }
   }
 
-  // Both: s becomes p, o is rescaled to the new reference maxima.
-  template <bool kLazy, int kNT, int kDT>
+  // Both: s becomes p, o is rescaled to the new reference maxima (Elem as
+  // for scores_to_p).
+  template <bool kLazy, typename Elem = void, int kNT, int kDT>
   __device__ __forceinline__ void update(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4]) {
     if constexpr (!kLazy) {  // each row's rescale right after its p, as always
 #pragma unroll
@@ -140,7 +167,7 @@ struct OnlineSoftmax {
       }
     } else {
       float alpha[kRows];
-      if (scores_to_p<true>(s, alpha)) rescale(o, alpha);
+      if (scores_to_p<true, 0, Elem>(s, alpha)) rescale(o, alpha);
     }
   }
 
@@ -202,22 +229,20 @@ struct OnlineSoftmax {
       }
   }
 
-  // The running-maximum mode's end with o normalised by the row sums of the
-  // 16-bit P its numerator used (weight_sums, as in finalize_unshifted) and
-  // lse from the f32 sums and the reference maxima, as in finalize(). For
-  // lazy rescaling, whose largest p is not exactly 1 (see the top of this
-  // file and docs/hopper.md TODO 7): the weights then sum to one whatever
-  // their rounding, so o carries no error common to its columns.
+  // The running-maximum mode's end after lazy rescaling with
+  // kCompensateLazy: o is normalised by the f32 sums plus the compensation
+  // (row_fix), lse comes from the f32 sums alone, as in finalize(). A row
+  // with no kept key has both 0: o = 0, lse = -inf.
   template <int kDT>
-  __device__ __forceinline__ void finalize_weighted(float (&o)[kMT][kDT][4], float (&lse)[kRows],
-                                                    const float (&weight_sums)[kMT][4]) {
+  __device__ __forceinline__ void finalize_compensated(float (&o)[kMT][kDT][4],
+                                                       float (&lse)[kRows]) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = mt * 2 + half;
         const float sum = quad_sum(row_sum[r]);
-        const float weights = weight_sums[mt][2 * half];  // rows g and g + 8 of the C fragment
+        const float weights = quad_sum(row_sum[r] + row_fix[r]);
         lse[r] = sum > 0.0f ? (row_max[r] * mult + log2f(sum)) * kLn2 : -INFINITY;
         const float inv = weights > 0.0f ? 1.0f / weights : 0.0f;
 #pragma unroll
@@ -226,6 +251,18 @@ struct OnlineSoftmax {
           o[mt][dt][2 * half + 1] *= inv;
         }
       }
+  }
+
+  // Row r's (= tile mt = r / 2, half r % 2) largest score among this
+  // thread's columns of the tile (not reduced over the quad).
+  template <int kNT>
+  __device__ __forceinline__ float thread_row_max(const float (&s)[kMT][kNT][4], int r) const {
+    const int mt = r / 2, half = r % 2;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+      mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+    return mx;
   }
 
   // Row r's (= tile mt = r / 2, half r % 2) maximum over this tile and its

@@ -96,14 +96,14 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[kSteps][4], uint
 
 // Whether o is divided by the row sums of the 16-bit P (P times a tile of
 // ones on the tensor cores, below) rather than by the f32 sums: where no P
-// is exactly 1, i.e. without row maximum, and with lazy rescaling above a
-// threshold of 0 (whose largest p is 2^x, 0 < x <= the threshold;
-// docs/hopper.md TODO 7). At threshold 0 a skipped rescale is one by
-// exactly 1 and the reference stays the true maximum. The kernel writes the
-// ones tile exactly where this holds (forward_kernel.cuh).
+// is exactly 1 and many are large, i.e. without row maximum (score_mode.hpp).
+// The kernel writes the ones tile exactly where this holds
+// (forward_kernel.cuh). Lazy rescaling above a threshold of 0 has the same
+// need in a milder form and meets it more cheaply (flash/softmax.cuh
+// kCompensateLazy; these sums, tried for it, cost more tensor time than
+// the skipped rescales saved: docs/hopper.md TODO 7).
 constexpr bool uses_tensor_row_sums(ScoreMode scores) {
-  return scores == ScoreMode::softcap_without_row_max ||
-         (kLazyRescale && flash::kLazyRescaleLog2 > 0.0f);
+  return scores == ScoreMode::softcap_without_row_max;
 }
 
 // The result of a consumer warpgroup: its O rows (normalised) and their lse.
@@ -284,7 +284,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY);
     if constexpr (kRowMax) {
-      return sm.template scores_to_p<kLazyRescale, kFmaExp2Quarters>(s, alpha);
+      return sm.template scores_to_p<kLazyRescale, kFmaExp2Quarters, Elem>(s, alpha);
     } else {
       sm.template update_unshifted<kFmaExp2Quarters>(s);
       return false;
@@ -336,10 +336,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       pin_o();
       ptx::pin(pa);  // the GEMM read pa until here
       if (it > 0) release_kv(smem + L::kVEmpty + bar_off(it - 1));
-      if (kRowMax && (!kLazyRescale || rescale)) {
-        softmax.rescale(o, alpha);
-        if constexpr (kTensorRowSums) softmax.rescale(p_sums, alpha);
-      }
+      if (kRowMax && (!kLazyRescale || rescale)) softmax.rescale(o, alpha);
       to_a(pa, s);
     };
     if (tiles > 0) {
@@ -411,10 +408,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       ptx::pin(s[0]);
       pin_q();
       release_kv(smem + L::kKEmpty + bar_off(it));
-      if (scores(s, it, softmax, alpha)) {
-        softmax.rescale(o, alpha);
-        if constexpr (kTensorRowSums) softmax.rescale(p_sums, alpha);
-      }
+      if (scores(s, it, softmax, alpha)) softmax.rescale(o, alpha);
       to_a(pa, s);
       ptx::mbar_wait(smem + L::kVFull + bar_off(it), parity(it));
       pin_o();
@@ -430,8 +424,8 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
 
   if constexpr (!kRowMax)
     softmax.finalize_unshifted(o, out.lse, p_sums[0]);
-  else if constexpr (kTensorRowSums)
-    softmax.finalize_weighted(o, out.lse, p_sums[0]);
+  else if constexpr (kLazyRescale && flash::kCompensateLazy)
+    softmax.finalize_compensated(o, out.lse);
   else
     softmax.finalize(o, out.lse);
 }
