@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
     cp_async_commit();
 
     if constexpr (kRowMax)
-      softmax.template update<Tile::kLazyRescale, Elem>(s, acc_o);
+      softmax.template update<Tile::kLazyRescale>(s, acc_o);
     else
       softmax.update_unshifted(s);
 
@@ -166,9 +166,7 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
   }
 
   float lse[2 * kMT];
-  if constexpr (kRowMax && Tile::kLazyRescale && kCompensateLazy)
-    softmax.finalize_compensated(acc_o, lse);
-  else if constexpr (kRowMax)
+  if constexpr (kRowMax)
     softmax.finalize(acc_o, lse);
   else
     softmax.finalize_unshifted(acc_o, lse, p_sums);

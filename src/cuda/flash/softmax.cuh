@@ -16,7 +16,7 @@
 //
 // Lazy rescaling (FlashAttention-4's; kLazy): a row's reference maximum
 // row_max need not be its true maximum, only at least (true maximum -
-// kLazyRescaleLog2 / mult): every p is then at most 2^kLazyRescaleLog2,
+// kLazyLog2 / mult): every p is then at most 2^kLazyLog2,
 // which the f32 sums and O and the 16-bit P hold without overflow, and
 // O / sum and lse = (row_max mult + log2 sum) ln 2 are the same quantities.
 // So a warp keeps its rows' references, and skips O's rescale (a multiply
@@ -27,7 +27,7 @@
 // rounding in O's numerator is not matched by the f32 sum, and o divided by
 // that sum carries an error common to its columns that the backward's D =
 // rowsum(dO o O) amplifies (measured: docs/hopper.md TODO 7). The cure
-// (kCompensateLazy): each thread adds, per row and tile, the 16-bit
+// (kCompensate, any kLazyLog2 > 0): each thread adds, per row and tile, the 16-bit
 // rounding error of its own largest p to row_fix, and finalize_compensated
 // divides o by row_sum + row_fix (lse keeps the f32 sums): every p that
 // eager softmax would hold exactly (the row's largest is one of these) is
@@ -47,12 +47,6 @@
 namespace gqattn::flash {
 
 constexpr float kLn2 = 0.6931471805599453f;
-// Lazy rescaling's bound on p, as a power of two (FlashAttention-4's 8).
-// 0: a warp skips the rescale only where none of its rows' maxima changed,
-// which gives the eager form's results bit for bit (alpha would be 2^0 = 1)
-// and needs no compensation.
-constexpr float kLazyRescaleLog2 = 0.0f;
-constexpr bool kCompensateLazy = kLazyRescaleLog2 > 0.0f;
 
 // 2^x of a score in n8 block nt of a tile: blocks with nt % 4 below
 // kFmaExp2Quarters on the FMA pipe (exp2_fma), the others on the MUFU
@@ -64,12 +58,19 @@ __device__ __forceinline__ float softmax_exp2(float x, int nt) {
   return nt % 4 < kFmaExp2Quarters ? exp2_fma(x) : fast_exp2(x);
 }
 
-template <int kMT>
+// kMT: m16 tiles of rows per thread. kLazyLog2: lazy rescaling's bound on
+// p as a power of two (FlashAttention-4's 8), used where scores_to_p and
+// update run with kLazy. 0: a warp skips the rescale only where none of its
+// rows' maxima changed, which gives the eager form's results bit for bit
+// (alpha would be 2^0 = 1) and needs no compensation.
+template <int kMT, int kLazyLog2 = 0>
 struct OnlineSoftmax {
+  static_assert(kLazyLog2 >= 0 && kLazyLog2 <= 8, "p up to 2^8 keeps O, the sums and P in range");
+  static constexpr bool kCompensate = kLazyLog2 > 0;
   static constexpr int kRows = 2 * kMT;  // rows per thread
   float row_max[kRows];                  // in units of v (before * mult)
   float row_sum[kRows];                  // this thread's partial sums of p
-  // With kCompensateLazy: this thread's sum of (16-bit p - p) over its
+  // With kCompensate: this thread's sum of (16-bit p - p) over its
   // largest p of each row and tile (scaled with row_sum).
   float row_fix[kRows];
   float mult;
@@ -79,7 +80,7 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) {
       row_max[r] = -INFINITY;
       row_sum[r] = 0.0f;
-      if constexpr (kCompensateLazy) row_fix[r] = 0.0f;  // else never read
+      if constexpr (kCompensate) row_fix[r] = 0.0f;  // else never read
     }
   }
 
@@ -89,7 +90,7 @@ struct OnlineSoftmax {
   // without kLazy; with it, warp-uniformly, and alpha is unset when not.
   // Split from the rescale for cuda-hopper, whose O may still be an
   // in-flight wgmma accumulator here. Elem: the 16-bit type P is rounded to
-  // for O's numerator (needed by kLazy with kCompensateLazy).
+  // for O's numerator (needed by kLazy with kCompensate).
   template <bool kLazy, int kFmaExp2Quarters = 0, typename Elem = void, int kNT>
   __device__ __forceinline__ bool scores_to_p(float (&s)[kMT][kNT][4], float (&alpha)[kRows]) {
     if constexpr (!kLazy) {  // row by row, in the order the eager form always had
@@ -97,22 +98,22 @@ struct OnlineSoftmax {
       for (int r = 0; r < kRows; ++r) alpha[r] = eager_row_to_p<kFmaExp2Quarters>(s, r);
       return true;
     }
-    static_assert(!kCompensateLazy || !std::is_void_v<Elem>,
+    static_assert(!kCompensate || !std::is_void_v<Elem>,
                   "a threshold above 0 needs P's 16-bit type to compensate its rounding");
-    static_assert(!kCompensateLazy || kFmaExp2Quarters == 0,
+    static_assert(!kCompensate || kFmaExp2Quarters == 0,
                   "the compensation recomputes the largest p on the MUFU, as P's must be");
     float mx[kRows];
-    float own_max[kRows];  // with kCompensateLazy: this thread's largest score of the row
-    bool grew = false;     // a row of this thread outgrew its reference by > kLazyRescaleLog2
+    float own_max[kRows];  // with kCompensate: this thread's largest score of the row
+    bool grew = false;     // a row of this thread outgrew its reference by > kLazyLog2
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      if constexpr (kCompensateLazy) {
+      if constexpr (kCompensate) {
         own_max[r] = thread_row_max(s, r);
         mx[r] = quad_max(fmaxf(own_max[r], row_max[r]));
       } else {
         mx[r] = tile_row_max(s, r);
       }
-      grew |= (mx[r] - row_max[r]) * mult > kLazyRescaleLog2;
+      grew |= (mx[r] - row_max[r]) * mult > float(kLazyLog2);
     }
     const bool rescale = __any_sync(0xffffffffu, grew);
 #pragma unroll
@@ -125,7 +126,7 @@ struct OnlineSoftmax {
       const float offset = (row_max[r] == -INFINITY ? 0.0f : row_max[r]) * mult;
       row_sum[r] =
           exp_and_sum<kFmaExp2Quarters>(s, r, offset, rescale ? row_sum[r] * alpha[r] : row_sum[r]);
-      if constexpr (kCompensateLazy) {
+      if constexpr (kCompensate) {
         // The same expression as exp_and_sum's, so the same bits as that
         // element's p (an all-masked thread row gives 2^-inf = 0, no fix).
         const float top = fast_exp2(fmaf(own_max[r], mult, -offset));
@@ -230,7 +231,7 @@ struct OnlineSoftmax {
   }
 
   // The running-maximum mode's end after lazy rescaling with
-  // kCompensateLazy: o is normalised by the f32 sums plus the compensation
+  // kCompensate: o is normalised by the f32 sums plus the compensation
   // (row_fix), lse comes from the f32 sums alone, as in finalize(). A row
   // with no kept key has both 0: o = 0, lse = -inf.
   template <int kDT>

@@ -65,8 +65,8 @@ struct ForwardTile<64> {
 constexpr bool kForwardD128TwoTilesPerWarp = true;
 // kForwardLazyRescale: on tiles whose kLazyRescale is set, the forward's
 // online softmax rescales O only when a row of the warp outgrew its
-// reference maximum by more than 2^kLazyRescaleLog2 (softmax.cuh,
-// FlashAttention-4's lazy rescaling). Off: every key tile rescales O (the
+// reference maximum (softmax.cuh, FlashAttention-4's lazy rescaling, at
+// OnlineSoftmax's threshold 0 here). Off: every key tile rescales O (the
 // kernels SASS-identical to those before the switch existed).
 // Measured on the H200 at threshold 8 (2026-12-01, fwd TFLOP/s, one call,
 // interleaved builds lazy / off / lazy / off, every tile lazy): d128 causal B4 T4k 365 /
@@ -77,11 +77,12 @@ constexpr bool kForwardD128TwoTilesPerWarp = true;
 // more than they save). Hence d128 only, if on. Off for the reason
 // cuda-hopper's kLazyRescale is (hopper/tile_sizes.hpp): o divided by the
 // f32 sums of a stale reference carries a common error that the backward's
-// D amplifies. The flash tests passed with it on, but cuda-flash has no
-// cure built (its forward would divide o by the 16-bit P's sums, as its
-// no-row-maximum mode does). The threshold is now 0 (bitwise eager, shipped
-// on cuda-hopper), which cuda-flash has not been measured with: its d128
-// gain came from the skips a threshold of 8 allows.
+// D amplifies. The flash tests passed with it on. OnlineSoftmax now cures
+// that with its kCompensate (cuda-hopper's d256 uses it), but cuda-flash's
+// kernel instantiates the softmax at threshold 0 (bitwise eager), with
+// which it has not been measured: its d128 gain came from the skips a
+// threshold of 8 allows, and at 8 the compensation costs an exponential
+// per row and tile (cuda-hopper d128: slower than threshold 0).
 constexpr bool kForwardLazyRescale = false;
 template <>
 struct ForwardTile<128> {

@@ -100,7 +100,7 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[kSteps][4], uint
 // The kernel writes the ones tile exactly where this holds
 // (forward_kernel.cuh). Lazy rescaling above a threshold of 0 has the same
 // need in a milder form and meets it more cheaply (flash/softmax.cuh
-// kCompensateLazy; these sums, tried for it, cost more tensor time than
+// OnlineSoftmax::kCompensate; these sums, tried for it, cost more tensor time than
 // the skipped rescales saved: docs/hopper.md TODO 7).
 constexpr bool uses_tensor_row_sums(ScoreMode scores) {
   return scores == ScoreMode::softcap_without_row_max;
@@ -267,7 +267,8 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   // Softcap (before masking), mask, softmax of visit `it`: S becomes P
   // (alpha: O's rescale factors, to be applied iff it returns true; false
   // without row max).
-  const auto scores = [&](float(&s)[1][kNT][4], int it, RowSoftmax& sm,
+  using Softmax = RowSoftmax<Tile::kLazyRescaleLog2>;
+  const auto scores = [&](float(&s)[1][kNT][4], int it, Softmax& sm,
                           float(&alpha)[kSoftmaxRows]) -> bool {
     const int n0 = (tile.keys.last - it) * kBN;
     if constexpr (kSoftcap && !kRowMax) {  // S becomes v mult
@@ -310,7 +311,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     ptx::pin(o[0]);
     if constexpr (kTensorRowSums) ptx::pin(p_sums[0]);
   };
-  RowSoftmax softmax(p.score.mult);
+  Softmax softmax(p.score.mult);
   if constexpr (!kRowMax) softmax.start_unshifted();
   float alpha[kSoftmaxRows];
   bool rescale = false;  // O needs alpha (warp-uniform)
@@ -424,7 +425,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
 
   if constexpr (!kRowMax)
     softmax.finalize_unshifted(o, out.lse, p_sums[0]);
-  else if constexpr (kLazyRescale && flash::kCompensateLazy)
+  else if constexpr (kLazyRescale && Softmax::kCompensate)
     softmax.finalize_compensated(o, out.lse);
   else
     softmax.finalize(o, out.lse);

@@ -14,7 +14,9 @@
 
 namespace gqattn::hopper {
 
-using RowSoftmax = flash::OnlineSoftmax<1>;
-constexpr int kSoftmaxRows = RowSoftmax::kRows;  // rows g and g + 8
+// kLazyLog2: ForwardTile::kLazyRescaleLog2 (tile_sizes.hpp).
+template <int kLazyLog2>
+using RowSoftmax = flash::OnlineSoftmax<1, kLazyLog2>;
+constexpr int kSoftmaxRows = RowSoftmax<0>::kRows;  // rows g and g + 8
 
 }  // namespace gqattn::hopper
