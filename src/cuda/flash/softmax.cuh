@@ -27,11 +27,12 @@
 // rounding in O's numerator is not matched by the f32 sum, and o divided by
 // that sum carries an error common to its columns that the backward's D =
 // rowsum(dO o O) amplifies (measured: docs/hopper.md TODO 7). The cure
-// (kCompensate, any kLazyLog2 > 0): each thread adds, per row and tile, the 16-bit
-// rounding error of its own largest p to row_fix, and finalize_compensated
-// divides o by row_sum + row_fix (lse keeps the f32 sums): every p that
-// eager softmax would hold exactly (the row's largest is one of these) is
-// then matched, at one exponential per row and tile. A threshold of 0
+// (kCompensate, any kLazyLog2 > 0): each thread adds, per row and tile,
+// the 16-bit rounding error of its own largest p to row_fix, and
+// finalize_compensated divides o by row_sum + row_fix (lse keeps the f32
+// sums): the p that the eager form holds exactly (the row's largest) is
+// among these, so o's error common to its columns is no larger than the
+// eager form's, at one exponential per row and tile. A threshold of 0
 // keeps the reference exact and needs no cure. A row whose reference is -inf
 // and that now has a kept score grows by +inf, so it always takes the
 // reference; a still fully masked row's -inf - -inf is NaN, which compares

@@ -100,8 +100,8 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[kSteps][4], uint
 // The kernel writes the ones tile exactly where this holds
 // (forward_kernel.cuh). Lazy rescaling above a threshold of 0 has the same
 // need in a milder form and meets it more cheaply (flash/softmax.cuh
-// OnlineSoftmax::kCompensate; these sums, tried for it, cost more tensor time than
-// the skipped rescales saved: docs/hopper.md TODO 7).
+// OnlineSoftmax::kCompensate; these sums, tried for it, cost more tensor
+// time than the skipped rescales saved: docs/hopper.md TODO 7).
 constexpr bool uses_tensor_row_sums(ScoreMode scores) {
   return scores == ScoreMode::softcap_without_row_max;
 }
