@@ -39,7 +39,8 @@ fwd_power_w, bwd_sm_mhz, bwd_power_w), and a second table prints the SM
 clock during each backend's backward: under the H200's power cap a long
 backward runs at lower clocks back to back than after a pause (2026-12-01,
 docs/performance.md), and this shows by how much, per backend, in the same
-run. power.draw is nvidia-smi's (averaged) reading, a rough figure. GPU 0
+run. The power is nvidia-smi's power.draw.instant where the driver has
+it, else power.draw (averaged over about a second: a rough figure). GPU 0
 as nvidia-smi numbers them; not under --torch-only.
 
 --ours lists the gqattn backends to time (default cuda-flash); an entry
@@ -89,21 +90,41 @@ class ClockSampler:
     timestamps are converted the same way). Never raises: without
     nvidia-smi, or if it fails, there are no samples and mean() is None."""
 
-    QUERY = "timestamp,clocks.sm,power.draw"
+    # power.draw averages over about a second on recent drivers (the
+    # nineteenth run read 125-650 W for calls that all keep the tensor cores
+    # busy); power.draw.instant, where the driver has it, is one reading.
+    POWER_FIELDS = ("power.draw.instant", "power.draw")
 
     def __init__(self, period_ms=50, gpu=0, enabled=True):
         self.samples = []  # (epoch seconds, sm MHz, watts)
         self.proc = None
+        self.power_field = None
         self.log = tempfile.TemporaryFile(mode="w+")
         if not enabled:
             return
+        self.power_field = self.pick_power_field(gpu)
         try:
             self.proc = subprocess.Popen(
-                ["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
-                 "-lms", str(period_ms), "-i", str(gpu)],
+                ["nvidia-smi", f"--query-gpu=timestamp,clocks.sm,{self.power_field}",
+                 "--format=csv,noheader,nounits", "-lms", str(period_ms), "-i", str(gpu)],
                 stdout=self.log, stderr=subprocess.DEVNULL)
         except OSError:
             self.proc = None
+
+    @classmethod
+    def pick_power_field(cls, gpu, run=subprocess.run):
+        """The first of POWER_FIELDS that nvidia-smi answers with a number
+        (an unknown field is an error; an unsupported one reads [N/A])."""
+        for field in cls.POWER_FIELDS[:-1]:
+            try:
+                got = run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits",
+                           "-i", str(gpu)], capture_output=True, text=True, timeout=10)
+                float(got.stdout.strip())
+                if got.returncode == 0:
+                    return field
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                continue
+        return cls.POWER_FIELDS[-1]
 
     def stop(self):
         if self.proc is not None:
@@ -394,27 +415,30 @@ def main():
     sampler.stop()
     annotate_clocks(results, sampler)
     medians, table = summarise(cfgs, results, args.rounds)
-    print_clocks(cfgs, results)
+    print_clocks(cfgs, results, sampler.power_field)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "side_by_side.json")
     with open(path, "w") as fh:
-        json.dump(dict(results=results, medians=medians, table=table), fh, indent=1)
+        json.dump(dict(results=results, medians=medians, table=table,
+                       power_field=sampler.power_field), fh, indent=1)
     print(f"\nwrote {path}")
 
 
 METRICS = ("fwd_tflops", "bwd_tflops")
 
 
-def print_clocks(cfgs, results):
-    """One row per shape: each backend's mean SM clock (MHz) and power (W)
-    during its timed backward calls, median over the rounds."""
+def print_clocks(cfgs, results, power_field=None):
+    """One row per shape: each backend's mean SM clock (MHz) and power (W,
+    nvidia-smi's power_field) during its timed backward calls, median over
+    the rounds."""
     names = []
     for r in results:
         if r["backend"] not in names and "bwd_sm_mhz" in r:
             names.append(r["backend"])
     if not names:
         return
-    print("\nSM clock MHz / power W during the timed backward calls (nvidia-smi, 50 ms samples)")
+    print("\nSM clock MHz / power W during the timed backward calls "
+          f"(nvidia-smi clocks.sm / {power_field}, 50 ms samples)")
     print(f"{'shape':40s} " + " ".join(f"{n:>18s}" for n in names))
     for cfg in cfgs:
         key = shape_key(cfg)

@@ -3,6 +3,7 @@ FLOP count's kept pairs, and the clock sampler's parsing of nvidia-smi
 lines and their attribution to each record's timed calls. The timing
 itself is checked by running the script on the GPU machine."""
 import os
+import subprocess
 import sys
 import time
 from datetime import datetime
@@ -71,3 +72,34 @@ def test_a_disabled_sampler_starts_nothing_and_yields_nothing():
     s = sbs.ClockSampler(enabled=False)
     s.stop()
     assert s.proc is None and s.samples == [] and s.mean(0.0, 1e12) is None
+
+
+class FakeRun:
+    """subprocess.run's stand-in: answers each nvidia-smi query field with
+    (returncode, stdout) from `answers`, or raises OSError for None."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.asked = []
+
+    def __call__(self, cmd, **kwargs):
+        field = next(a.split("=", 1)[1] for a in cmd if a.startswith("--query-gpu="))
+        self.asked.append(field)
+        answer = self.answers.get(field)
+        if answer is None:
+            raise OSError("no nvidia-smi")
+        return subprocess.CompletedProcess(cmd, answer[0], stdout=answer[1], stderr="")
+
+
+def test_power_field_prefers_the_instant_reading_where_the_driver_has_it():
+    run = FakeRun({"power.draw.instant": (0, "412.37\n")})
+    assert sbs.ClockSampler.pick_power_field(0, run=run) == "power.draw.instant"
+
+
+def test_power_field_falls_back_where_the_instant_reading_is_unknown_or_na():
+    unknown = FakeRun({"power.draw.instant": (2, 'Field "power.draw.instant" is not a valid field\n')})
+    not_available = FakeRun({"power.draw.instant": (0, "[N/A]\n")})
+    no_smi = FakeRun({})
+    for run in (unknown, not_available, no_smi):
+        assert sbs.ClockSampler.pick_power_field(0, run=run) == "power.draw"
+        assert run.asked == ["power.draw.instant"]
