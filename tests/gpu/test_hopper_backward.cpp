@@ -116,6 +116,15 @@ std::vector<BackwardCase> cases() {
       make("T100_causal_d256_padded", 2, 100, 100, 4, 2, 256, true, 0, 0.0f, bf16, true),
       make("T200_causal_window64_d256_f16", 1, 200, 200, 2, 1, 256, true, 64, 0.0f, f16),
       make("Tq60_Tk90_d256_f16_padded", 1, 60, 90, 8, 1, 256, false, 0, 0.0f, f16, true),
+      // The forward's o at d256 comes from lazy rescaling at threshold 8
+      // (hopper/tile_sizes.hpp): long rows keep stale reference maxima on
+      // most key tiles, and an o whose 16-bit rounding of the largest p went
+      // uncompensated fails dq / dk through D = rowsum(dO o O)
+      // (Tq37_Tk200_causal_d256 did; docs/hopper.md TODO 7). Scale 1: row
+      // maxima that jump past the threshold late in a row.
+      make("T1000_causal_d256_stale_maxima", 1, 1000, 1000, 2, 1, 256, true),
+      make("Tq64_Tk1500_d256_f16_stale_maxima", 1, 64, 1500, 2, 1, 256, false, 0, 0.0f, f16),
+      large_logits(make("T600_causal_d256_large_logits", 1, 600, 600, 2, 1, 256, true)),
   };
 }
 

@@ -158,10 +158,11 @@ std::vector<HopperCase> cases() {
       make("B2_H24_Tq400_Tk150_causal_d256_many_tiles_empty_rows", 2, 400, 150, 24, 4, 256, true),
       make("B4_H36_Tq3_Tk4096_causal_d64_wide_many_tiles", 4, 3, 4096, 36, 6, 64, true),
       // Scale 1 without softcap: row maxima that grow by far more than
-      // kLazyRescaleLog2 from one key tile to the next, so the lazy
-      // rescaling (softmax.cuh) must move the reference maximum late in a
-      // row; the default-scale cases above keep stale references (p up to
-      // 2^8) on most tiles.
+      // lazy rescaling's threshold (ForwardTile::kLazyRescaleLog2: 8 at
+      // d256, 0 elsewhere) from one key tile to the next, so the lazy
+      // rescaling (flash/softmax.cuh) must move the reference maximum late
+      // in a row; at d256 the default-scale cases above keep stale
+      // references (p up to 2^8, compensated) on most tiles.
       large_logits(make("T700_causal_d128_large_logits", 1, 700, 700, 4, 2, 128, true)),
       large_logits(
           make("T900_d128_wide_large_logits_f16", 1, 900, 900, 2, 1, 128, false, 0, 0.0f, f16)),
