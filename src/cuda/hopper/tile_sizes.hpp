@@ -141,29 +141,16 @@ constexpr bool kQInRegisters = true;
 // O's rescale (d / 2 multiplies per thread between the P V GEMM's
 // retirement and the next issue) and alpha's exponential. Off: every tile
 // rescales. Threshold 0 (d64, d128): a tile is skipped only where no row
-// of the warp changed its maximum, so the results are the eager form's bit
-// for bit, and the skips come on long rows (a row's maximum changes in its
-// k-th tile with probability about 1 / k; 16 rows per warp). Threshold 8
-// (d256): skips on most tiles; the row's largest p is then 2^x with 0 < x
-// <= 8, not exactly 1, and OnlineSoftmax compensates its 16-bit rounding
-// (kCompensate), without which the backward test Tq37_Tk200_causal_d256
-// failed (dq error 0.029, tolerance 0.019: o divided by the f32 sums
-// carried an error common to its d columns that D = rowsum(dO o O) sums
-// coherently).
-// Measured on the H200 (2026-12-01, fifteenth session, fwd TFLOP/s, one
-// call each, interleaved builds):
-// - threshold 0 / off, three times: d256 causal B4 T4k 643 / 631 (each
-//   time), softcap 60 373-376 / 368-370, d128 causal T4k 606-607 / 601-606,
-//   B16 T1k and window 1024 within 0.5%, T16k and non-causal within their
-//   spread (597-661, 578-630);
-// - threshold 8 compensated / threshold 0, twice: d256 676 / 655 (each
-//   time), d128 causal T4k 608 / 615, softcap 60 359 / 374, T16k and
-//   non-causal within their spread. Hence 8 for d256 only (its rescale is
-//   128 multiplies; d128's 64 do not pay for the compensation's exponential
-//   per row and tile). The 278 hopper tests passed with 8 on every tile.
-// - threshold 8 with o divided by tensor-core row sums instead (P times
-//   ones, as without row maximum) / off: d128 causal T4k 588 / 614; that
-//   cure is gone (docs/hopper.md TODO 7).
+// of the warp changed its maximum, bit for bit the eager results. Threshold
+// 8 (d256): skips on most tiles, and the softmax compensates the 16-bit
+// rounding of the then inexact largest p (kCompensate), without which o
+// carries an error common to its columns that the backward's D amplifies.
+// Measured on the H200 (2026-12-01, fwd TFLOP/s, interleaved builds in one
+// call; all numbers in docs/hopper.md TODO 7): threshold 0 against off,
+// d256 643 / 631, softcap 60 374 / 369, d128 causal T4k 606 / 604;
+// threshold 8 compensated against 0, d256 676 / 655 but d128 causal T4k
+// 608 / 615 and softcap 60 359 / 374 (one exponential per row and tile
+// pays for d256's 128 skipped multiplies, not for d128's 64).
 constexpr bool kLazyRescale = true;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the wide key tile
