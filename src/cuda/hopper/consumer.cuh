@@ -244,7 +244,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   };
   // With kTensorRowSums, o is normalised by the row sums of the 16-bit P its
   // numerator used, not by the f32 sums of P (those give lse): no P is
-  // exactly 1 in those modes, and a row dominated by one key must still get
+  // exactly 1 in that mode, and a row dominated by one key must still get
   // o = v of that key exactly (score_mode.hpp). The tensor cores form them as
   // P times a [kBN x 8] tile of ones (every column of the m64n8 accumulator
   // is the row sum), in the same commit group as P V.
