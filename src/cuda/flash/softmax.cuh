@@ -109,7 +109,7 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if constexpr (kCompensate) {
-        own_max[r] = thread_row_max(s, r);
+        own_max[r] = thread_row_max(s, r, -INFINITY);
         mx[r] = quad_max(fmaxf(own_max[r], row_max[r]));
       } else {
         mx[r] = tile_row_max(s, r);
@@ -161,11 +161,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const float alpha = eager_row_to_p<0>(s, r);
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          o[r / 2][dt][2 * (r % 2)] *= alpha;
-          o[r / 2][dt][2 * (r % 2) + 1] *= alpha;
-        }
+        scale_row(o, r / 2, r % 2, alpha);
       }
     } else {
       float alpha[kRows];
@@ -223,11 +219,7 @@ struct OnlineSoftmax {
         const float weights = weight_sums[mt][2 * half];  // rows g and g + 8 of the C fragment
         lse[r] = sum > 0.0f ? log2f(sum) * kLn2 : -INFINITY;
         const float inv = weights > 0.0f ? 1.0f / weights : 0.0f;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          o[mt][dt][2 * half] *= inv;
-          o[mt][dt][2 * half + 1] *= inv;
-        }
+        scale_row(o, mt, half, inv);
       }
   }
 
@@ -247,36 +239,39 @@ struct OnlineSoftmax {
         const float weights = quad_sum(row_sum[r] + row_fix[r]);
         lse[r] = sum > 0.0f ? (row_max[r] * mult + log2f(sum)) * kLn2 : -INFINITY;
         const float inv = weights > 0.0f ? 1.0f / weights : 0.0f;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          o[mt][dt][2 * half] *= inv;
-          o[mt][dt][2 * half + 1] *= inv;
-        }
+        scale_row(o, mt, half, inv);
       }
   }
 
-  // Row r's (= tile mt = r / 2, half r % 2) largest score among this
-  // thread's columns of the tile (not reduced over the quad).
+  // o's row (mt, half) times inv.
+  template <int kDT>
+  __device__ __forceinline__ static void scale_row(float (&o)[kMT][kDT][4], int mt, int half,
+                                                   float inv) {
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      o[mt][dt][2 * half] *= inv;
+      o[mt][dt][2 * half + 1] *= inv;
+    }
+  }
+
+  // The larger of `from` and row r's (= tile mt = r / 2, half r % 2)
+  // largest score among this thread's columns of the tile (not reduced
+  // over the quad).
   template <int kNT>
-  __device__ __forceinline__ float thread_row_max(const float (&s)[kMT][kNT][4], int r) const {
+  __device__ __forceinline__ float thread_row_max(const float (&s)[kMT][kNT][4], int r,
+                                                  float from) const {
     const int mt = r / 2, half = r % 2;
-    float mx = -INFINITY;
+    float mx = from;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
       mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
     return mx;
   }
 
-  // Row r's (= tile mt = r / 2, half r % 2) maximum over this tile and its
-  // reference, reduced over the quad.
+  // Row r's maximum over this tile and its reference, reduced over the quad.
   template <int kNT>
   __device__ __forceinline__ float tile_row_max(const float (&s)[kMT][kNT][4], int r) const {
-    const int mt = r / 2, half = r % 2;
-    float mx = row_max[r];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-      mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-    return quad_max(mx);
+    return quad_max(thread_row_max(s, r, row_max[r]));
   }
 
   // The eager step of row r: its reference becomes its true maximum, its
@@ -320,11 +315,7 @@ struct OnlineSoftmax {
         const bool any = sum > 0.0f;
         const float inv = any ? 1.0f / sum : 0.0f;
         lse[r] = any ? (row_max[r] * mult + log2f(sum)) * kLn2 : -INFINITY;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          o[mt][dt][2 * half] *= inv;
-          o[mt][dt][2 * half + 1] *= inv;
-        }
+        scale_row(o, mt, half, inv);
       }
   }
 };
