@@ -85,21 +85,6 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return r;
 }
 
-// x rounded to nearest in Elem and back: the value pack2 gives the tensor
-// cores for it.
-template <typename Elem>
-__device__ __forceinline__ float round_to(float x);
-
-template <>
-__device__ __forceinline__ float round_to<__nv_bfloat16>(float x) {
-  return __bfloat162float(__float2bfloat16_rn(x));
-}
-
-template <>
-__device__ __forceinline__ float round_to<__half>(float x) {
-  return __half2float(__float2half_rn(x));
-}
-
 // The A fragment of k-step `kk` of P (or dS) from the f32 accumulator tiles
 // 2kk and 2kk+1 of the same 16 rows (see the layout note above).
 template <typename Elem>

@@ -42,6 +42,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "cuda/common/element.cuh"
 #include "cuda/flash/exp2_fma.hpp"
 #include "cuda/flash/mma.cuh"
 
@@ -131,7 +132,8 @@ struct OnlineSoftmax {
         // The same expression as exp_and_sum's, so the same bits as that
         // element's p (an all-masked thread row gives 2^-inf = 0, no fix).
         const float top = fast_exp2(fmaf(own_max[r], mult, -offset));
-        const float fix = round_to<Elem>(top) - top;
+        // Rounded to nearest even, as pack2 gives P to the tensor cores.
+        const float fix = gqattn::cuda::load_f32(gqattn::cuda::store_as<Elem>(top)) - top;
         row_fix[r] = (rescale ? row_fix[r] * alpha[r] : row_fix[r]) + fix;
       }
     }
