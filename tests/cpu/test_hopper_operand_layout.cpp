@@ -1,8 +1,8 @@
-// cuda-hopper's K-major operand layout and its register A fragments
+// cuda-hopper's K-major operand layout and Q's register fragments
 // (src/cuda/hopper/operand_layout.hpp), without a GPU: the layout against
 // the TMA's 128-byte swizzle written as bit operations (Swizzle<3, 4, 3>:
 // address bits 4-6 XOR bits 7-9), and the ldmatrix addresses of
-// load_a_fragments (register_operand.cuh) by simulating ldmatrix.x4 on a tile whose every element
+// load_q_fragments by simulating ldmatrix.x4 on a tile whose every element
 // holds its own (row, column): each thread must receive the m16n8k16 A
 // fragment that wgmma's register A operand expects.
 #include <gtest/gtest.h>
@@ -38,38 +38,33 @@ TEST(HopperOperandLayout, KMajorOffsetIsTheTma128ByteSwizzle) {
 // ldmatrix.x4 as the PTX ISA defines it: matrix i's eight rows come from the
 // addresses of lanes 8i .. 8i + 7 (16 bytes each); thread t receives in
 // register i the two elements 2 (t % 4), + 1 of row t / 4 of matrix i.
-// Tiles of 128 rows (the forward's Q; the d <= 128 dQ kernel's Q and dO, one
-// 64-row part per consumer warpgroup) and of 64 rows (the d = 256 dQ
-// kernel's, both warpgroups on the same rows), d up to 256.
-TEST(HopperOperandLayout, AFragmentsAreTheWgmmaAFragment) {
-  for (int rows : {64, 128})
-    for (int d : {64, 128, 256}) {
-      std::vector<uint8_t> tile(std::size_t(rows) * d * 2);
-      for (int row = 0; row < rows; ++row)
-        for (int col = 0; col < d; ++col) {
-          const uint16_t id = element_id(row, col);
-          std::memcpy(&tile[k_major_offset(row, col, rows)], &id, sizeof id);
-        }
-      for (int warp_row0 = 0; warp_row0 < rows; warp_row0 += 64)  // a warpgroup's rows
-        for (int warp = 0; warp < 4; ++warp)
-          for (int kk = 0; kk < d / 16; ++kk)
-            for (int t = 0; t < 32; ++t)
-              for (int i = 0; i < 4; ++i) {
-                const int source_lane = 8 * i + t / 4;
-                const uint32_t row_address =
-                    uint32_t(warp_row0 * 128) +
-                    a_fragment_ldmatrix_offset(kk, warp, source_lane, rows);
-                for (int half = 0; half < 2; ++half) {
-                  uint16_t got;
-                  std::memcpy(&got, &tile[row_address + 4 * (t % 4) + 2 * half], sizeof got);
-                  const int row = warp_row0 + 16 * warp + t / 4 + 8 * (i % 2);
-                  const int col = 16 * kk + 8 * (i / 2) + 2 * (t % 4) + half;
-                  ASSERT_EQ(got, element_id(row, col))
-                      << "rows " << rows << " d " << d << " warp " << warp << " kk " << kk
-                      << " thread " << t << " register " << i << " half " << half;
-                }
+TEST(HopperOperandLayout, QFragmentsAreTheWgmmaAFragment) {
+  for (int d : {64, 128}) {
+    std::vector<uint8_t> tile(std::size_t(kRows) * d * 2);
+    for (int row = 0; row < kRows; ++row)
+      for (int col = 0; col < d; ++col) {
+        const uint16_t id = element_id(row, col);
+        std::memcpy(&tile[k_major_offset(row, col, kRows)], &id, sizeof id);
+      }
+    for (int warp_row0 : {0, 64})  // the two consumer warpgroups' rows
+      for (int warp = 0; warp < 4; ++warp)
+        for (int kk = 0; kk < d / 16; ++kk)
+          for (int t = 0; t < 32; ++t)
+            for (int i = 0; i < 4; ++i) {
+              const int source_lane = 8 * i + t / 4;
+              const uint32_t row_address = uint32_t(warp_row0 * 128) +
+                                           a_fragment_ldmatrix_offset(kk, warp, source_lane, kRows);
+              for (int half = 0; half < 2; ++half) {
+                uint16_t got;
+                std::memcpy(&got, &tile[row_address + 4 * (t % 4) + 2 * half], sizeof got);
+                const int row = warp_row0 + 16 * warp + t / 4 + 8 * (i % 2);
+                const int col = 16 * kk + 8 * (i / 2) + 2 * (t % 4) + half;
+                ASSERT_EQ(got, element_id(row, col))
+                    << "d " << d << " warp " << warp << " kk " << kk << " thread " << t
+                    << " register " << i << " half " << half;
               }
-    }
+            }
+  }
 }
 
 // Each lane's ldmatrix source is one whole 16-byte row chunk: aligned, and

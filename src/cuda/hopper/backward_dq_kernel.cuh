@@ -2,9 +2,7 @@
 // specialisation). One CTA of 384 threads per (query tile of 128, head,
 // batch) walks the key tiles the mask policy says the tile visits (last
 // first), recomputing S and dP there, and accumulates dQ in registers:
-//   S = Q K^T, dP = dO V^T               (wgmma, N = 64 keys; Q and dO
-//                                         from registers, read once:
-//                                         kBwdDqOperandsInRegisters)
+//   S = Q K^T, dP = dO V^T               (wgmma SS, N = 64 keys)
 //   P = 2^(v * mult - lse2)              (masked elements 0)
 //   dS = P o (dP - D) [o (1 - v^2) under softcap, v before masking]
 //   dQ += dS K                           (wgmma RS: dS from the
@@ -47,7 +45,6 @@
 #include "cuda/hopper/ptx/warpgroup.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
 #include "cuda/hopper/ptx/wgmma_ops.cuh"
-#include "cuda/hopper/register_operand.cuh"
 
 namespace gqattn::hopper::bwd {
 
@@ -103,23 +100,6 @@ __device__ __forceinline__ void dq_produce(const BackwardParams& p, const DqWork
   }
 }
 
-// acc = X Y^T over d (first k-step overwrites), uncommitted: X the
-// warpgroup's 64 query rows of Q or dO, from its register fragments xa when
-// kFromRegisters, else from the tile at x_tile (column blocks of kBM rows);
-// Y the key tile (K or V) at y_tile.
-template <int kBM, int kBN, int kStepsD, bool kFromRegisters, typename Elem, int kXSteps>
-__device__ __forceinline__ void issue_scores(float (&acc)[kBN / 8][4],
-                                             const uint32_t (&xa)[kXSteps][4], uint32_t x_tile,
-                                             uint32_t y_tile) {
-#pragma unroll
-  for (int kk = 0; kk < kStepsD; ++kk) {
-    if constexpr (kFromRegisters)
-      ptx::Wgmma<kBN, Elem>::rs_k(acc, xa[kk], k_major<kBN>(y_tile, kk), kk > 0);
-    else
-      ptx::Wgmma<kBN, Elem>::ss(acc, k_major<kBM>(x_tile, kk), k_major<kBN>(y_tile, kk), kk > 0);
-  }
-}
-
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): query rows
 // [m0 + 64 wg, m0 + 64 wg + 64), all d columns; or, split over d
 // (DqTile::kSplitD), rows [m0, m0 + 64) and dQ columns
@@ -141,7 +121,6 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
   constexpr bool kExchange = split_exchange(kD, kSoftcap);
   constexpr bool kHandover = split_handover(kD, kSoftcap);
-  constexpr int kOps = Tile::kRegisterOperands;
   static_assert(kBM == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
                 "one wgmma M of queries per warpgroup (or shared by both when split over d)");
   static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
@@ -170,28 +149,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[i][e] = 0.0f;
 
-  // Q and dO as register A fragments (kOps > 0): split over d, ops[0] is
-  // the one this warpgroup multiplies (warpgroup 0: Q for S, 1: dO for dP);
-  // otherwise ops[0] = Q, ops[1] = dO. Never written after the load; pinned
-  // after every wait that retires a GEMM reading them, so that the compiler
-  // keeps them where the wgmma reads them. Zeroed first, so that they are
-  // defined on every path into the key-tile loop: defined on one path only
-  // (the load's), ptxas 13.0 gave the d64 kernel's dO fragments the same
-  // registers as dS, and dP read dS from the second key tile on.
-  uint32_t ops[kOps > 0 ? kOps : 1][kOps > 0 ? kStepsD : 1][4] = {};
-  const auto pin_ops = [&ops] {
-    if constexpr (kOps > 0) {
-#pragma unroll
-      for (int i = 0; i < kOps; ++i) ptx::pin(ops[i]);
-    }
-  };
-  if (w.keys.last >= w.keys.first) {
-    ptx::mbar_wait(smem + L::kQFull, 0);
-    if constexpr (kOps > 0) {
-      load_a_fragments<kBM>(ops[0], kSplit && wg == 1 ? do_wg : q_wg, warp, lane);
-      if constexpr (kOps == 2) load_a_fragments<kBM>(ops[kOps - 1], do_wg, warp, lane);
-    }
-  }
+  if (w.keys.last >= w.keys.first) ptx::mbar_wait(smem + L::kQFull, 0);
 
   [[maybe_unused]] const int steps = w.keys.last - w.keys.first + 1;  // <= 0: no key tile
   int it = 0;
@@ -217,11 +175,12 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
       [[maybe_unused]] uint32_t dp_words[kNT][4];  // handover: dP - D as words
       if (wg == 0) {
         ptx::wgmma_fence();
-        issue_scores<kBM, kBN, kStepsD, (kOps > 0), Elem>(s[0], ops[0], q_wg, k_tile);
+#pragma unroll
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::pin(s[0]);
-        pin_ops();
         if constexpr (kHandover) {
           receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
           words_to_floats(dp_words, dp);
@@ -237,11 +196,13 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
         }
       } else {
         ptx::wgmma_fence();
-        issue_scores<kBM, kBN, kStepsD, (kOps > 0), Elem>(dp[0], ops[0], do_wg, v_tile);
+#pragma unroll
+        for (int kk = 0; kk < kStepsD; ++kk)
+          ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk),
+                                    kk > 0);
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::pin(dp[0]);
-        pin_ops();
         dp_minus_d</*kRowsAreKeys=*/false>(dp, dsum, lane);
         if constexpr (kHandover) {
           floats_to_words(dp, dp_words);
@@ -253,14 +214,16 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
       }
     } else {
       ptx::wgmma_fence();
-      issue_scores<kBM, kBN, kStepsD, (kOps > 0), Elem>(s[0], ops[0], q_wg, k_tile);
+#pragma unroll
+      for (int kk = 0; kk < kStepsD; ++kk)
+        ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
       if constexpr (kOverlapSdP) ptx::wgmma_commit();
-      issue_scores<kBM, kBN, kStepsD, (kOps > 0), Elem>(dp[0], ops[kOps > 1 ? 1 : 0], do_wg,
-                                                        v_tile);
+#pragma unroll
+      for (int kk = 0; kk < kStepsD; ++kk)
+        ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
       ptx::wgmma_commit();
       p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP>(
           s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
-      pin_ops();  // after its wait_group 0: both GEMMs reading them retired
     }
 
     if constexpr (!kHandover) {

@@ -76,16 +76,6 @@ constexpr bool split_handover(int d, bool softcap) {
 
 constexpr bool fused_dq_supported(int d) { return kBwdFusedDq && !split_d(d); }
 
-// dQ kernel: S = Q K^T and dP = dO V^T take Q and dO, the same over the
-// CTA's whole walk of key tiles, as register A operands (read once by
-// ldmatrix, register_operand.cuh) instead of from shared memory at every
-// key tile: there an SS m64n64k16 reads 4 KB per 32 clocks of tensor work,
-// all of the SM's 128 bytes per clock, besides the TMA's K / V writes and
-// the dQ GEMM's reads. Costs d / 4 registers per operand and thread: split
-// over d each warpgroup holds the one it multiplies (d 256: 64), otherwise
-// both (d 128: 2 x 32). Off: both from shared memory (SS).
-constexpr bool kBwdDqOperandsInRegisters = true;
-
 // dK/dV: kBlockN keys per CTA (64 per consumer warpgroup, or 64 shared by
 // both when split over d), query tiles of kBlockM rows (the N of
 // S^T = K Q^T and the K of dV += P^T dO), kStages slots of Q, dO, lse2, D.
@@ -115,8 +105,6 @@ struct DqTile {
   static constexpr int kStages =
       (!kSplitD && kBwdDeepRing) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
   static constexpr int kColsPerWg = kSplitD ? kD / 2 : kD;  // dQ columns of one warpgroup
-  // Q / dO fragments a consumer thread holds (kBwdDqOperandsInRegisters).
-  static constexpr int kRegisterOperands = !kBwdDqOperandsInRegisters ? 0 : kSplitD ? 1 : 2;
 };
 
 }  // namespace gqattn::hopper::bwd

@@ -44,13 +44,13 @@
 #include "cuda/flash/mma.cuh"
 #include "cuda/flash/score_mode.hpp"
 #include "cuda/flash/softmax.cuh"
+#include "cuda/hopper/operand_layout.hpp"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/ptx/cluster.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
 #include "cuda/hopper/ptx/wgmma_ops.cuh"
-#include "cuda/hopper/register_operand.cuh"
 #include "cuda/hopper/softcap.cuh"
 #include "cuda/hopper/softmax.cuh"
 #include "cuda/hopper/tile_coord.cuh"
@@ -79,6 +79,19 @@ __device__ __forceinline__ uint64_t v_desc(uint32_t tile, int kk) {
   return ptx::desc_advance(
       ptx::make_desc_sw128(tile, uint32_t(kBN) * kSwizzleBytes, kRowGroupBytes),
       uint32_t(kk) * kVStepBytes);
+}
+
+// Q's register A fragments for S = Q K^T (q_in_registers(), tile_sizes.hpp):
+// k-step kk of this warp's 16 rows of the warpgroup's Q tile at wg_q_tile
+// (rows of a column block kBM apart), by ldmatrix.x4 at the addresses
+// operand_layout.hpp derives from the swizzled layout (checked on the CPU by
+// tests/cpu/test_hopper_operand_layout.cpp).
+template <int kBM, int kSteps>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[kSteps][4], uint32_t wg_q_tile,
+                                                 int warp, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+    flash::ldsm_x4(qa[kk], wg_q_tile + a_fragment_ldmatrix_offset(kk, warp, lane, kBM));
 }
 
 // Whether o is divided by the row sums of the 16-bit P (P times a tile of
@@ -309,7 +322,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   // the producer overwrite Q) with its copy in flight, and q_full's phases
   // must advance once per work tile.
   ptx::mbar_wait(smem + L::kQFull, uint32_t(t) & 1u);
-  if constexpr (kQInRegs) load_a_fragments<kBM>(qa, q_tile, warp, lane);
+  if constexpr (kQInRegs) load_q_fragments<kBM>(qa, q_tile, warp, lane);
   const int tiles = tile.keys.last - tile.keys.first + 1;  // the same in both warpgroups
   // Once every S = Q K^T GEMM of the tile has retired (all read Q).
   const auto release_q = [&] { release(smem + L::kQEmpty); };
