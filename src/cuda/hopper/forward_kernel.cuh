@@ -104,8 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   PingPong pp{kPingPong && kIntraWarpgroupOverlap && Tile::kPingPongAllowed, wg};
   int kv_base = 0;  // K/V visits of the earlier tiles, as the producer counts
   for (int t = 0; schedule.valid(t); ++t) {
-    const TileCoord tile =
-        tile_coord<Tile::kBlockM, Tile::kBlockN>(p, mask, int(schedule.index(t)));
+    const TileCoord tile = tile_coord<Tile>(p, mask, int(schedule.index(t)));
     ConsumerResult<kD> result;
     consume<Tile, Elem, kScores, kCluster>(p, tile, mask, smem, wg, t, kv_base, pp, result);
     store_output<kD, Elem>(p, tile, mask.tq, wg, result);

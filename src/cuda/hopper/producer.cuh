@@ -81,7 +81,7 @@ __device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy
 
   int it = 0;
   for (int t = 0; schedule.valid(t); ++t) {
-    const TileCoord tile = tile_coord<Tile::kBlockM, kBN>(p, mask, int(schedule.index(t)));
+    const TileCoord tile = tile_coord<Tile>(p, mask, int(schedule.index(t)));
     if (t > 0) ptx::mbar_wait(smem + L::kQEmpty, uint32_t(t - 1) & 1u);
     ptx::mbar_arrive_expect_tx(smem + L::kQFull, L::kQBytes);
     load_tile<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, tile.m0, tile.h, tile.b);

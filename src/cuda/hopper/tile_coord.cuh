@@ -1,7 +1,7 @@
 // cuda-hopper: which work tiles a CTA owns — (query tile, head, batch) from
-// a linear tile index, the kv head of its GQA group, and the key tiles the
-// mask policy says it visits. Tile indices are ordered so that the last
-// query tiles, which visit the most keys under a causal mask, come first.
+// a linear tile index (in the order of tile_order.hpp: longest first, or
+// kv-grouped where all tiles are equally long), the kv head of its GQA
+// group, and the key tiles the mask policy says it visits.
 // TileSchedule deals the indices to the CTAs of the (1-D) grid: CTA c takes,
 // in round r, index r * G + c (r even) or r * G + G - 1 - c (r odd), G =
 // gridDim.x. The order is fixed (deterministic, no atomics) and the same in
@@ -20,6 +20,8 @@
 
 #include "cuda/flash/mask.cuh"
 #include "cuda/hopper/params.hpp"
+#include "cuda/hopper/tile_order.hpp"
+#include "cuda/hopper/tile_sizes.hpp"
 
 namespace gqattn::hopper {
 
@@ -52,18 +54,26 @@ struct TileSchedule {
   __device__ __forceinline__ bool valid(int k) const { return index(k) < num_tiles; }
 };
 
-template <int kBlockM, int kBlockN>
+// The tile order's arguments for problem p on Tile: kv-grouped
+// (Tile::kKvGroupPairs pairs) where every tile visits every key tile, else
+// longest first.
+template <class Tile>
+__device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p) {
+  const bool uniform = !p.mask.causal && p.mask.window == 0;
+  const int pairs = kKvGroupedOrder && uniform ? Tile::kKvGroupPairs : 0;
+  return TileOrderArgs{p.B, p.H, p.Hkv, p.num_tiles / (p.B * p.H), pairs};
+}
+
+template <class Tile>
 __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const MaskPolicy& mask,
                                                 int index) {
+  constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
   TileCoord c;
-  const int num_bh = p.B * p.H;
-  const int num_m = p.num_tiles / num_bh;
-  const int m_block = num_m - 1 - index / num_bh;
-  const int bh = index % num_bh;
-  c.b = bh / p.H;
-  c.h = bh % p.H;
+  const TileId id = tile_id(tile_order_args<Tile>(p), index);
+  c.b = id.b;
+  c.h = id.h;
   c.hk = c.h / (p.H / p.Hkv);
-  c.m0 = m_block * kBlockM;
+  c.m0 = id.m_block * kBlockM;
   c.rows = min(kBlockM, mask.tq - c.m0);
   c.keys = mask.key_blocks(c.m0, c.rows, kBlockN);
   return c;

@@ -1,0 +1,65 @@
+// cuda-hopper's forward tile orders (src/cuda/hopper/tile_order.hpp), without
+// a GPU: each order names every work tile exactly once, the longest-first
+// order runs query tiles from the last down, and the kv-grouped order keeps
+// each run of consecutive indices (a persistent round) on few (batch, kv
+// head) pairs, with the query heads of one pair and query tile adjacent.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+
+#include "cuda/hopper/tile_order.hpp"
+
+namespace {
+
+using gqattn::hopper::tile_id;
+using gqattn::hopper::TileId;
+using gqattn::hopper::TileOrderArgs;
+
+struct Shape {
+  int B, H, Hkv, num_m;
+};
+
+// Odd shapes too: MQA, no GQA, one query tile, a last group of fewer pairs.
+const Shape kShapes[] = {{4, 32, 8, 32}, {1, 32, 8, 128}, {2, 24, 3, 5}, {3, 7, 7, 4},
+                         {1, 16, 1, 9},  {5, 12, 4, 1},   {2, 4, 2, 3}};
+
+TEST(HopperTileOrder, EveryOrderNamesEveryTileOnce) {
+  for (const Shape& s : kShapes)
+    for (int pairs : {0, 1, 3, 8, 1000}) {
+      const TileOrderArgs a{s.B, s.H, s.Hkv, s.num_m, pairs};
+      const int tiles = s.B * s.H * s.num_m;
+      std::set<std::tuple<int, int, int>> seen;
+      for (int i = 0; i < tiles; ++i) {
+        const TileId t = tile_id(a, i);
+        ASSERT_TRUE(t.m_block >= 0 && t.m_block < s.num_m && t.b >= 0 && t.b < s.B && t.h >= 0 &&
+                    t.h < s.H)
+            << "pairs " << pairs << " index " << i << ": m " << t.m_block << " b " << t.b << " h "
+            << t.h;
+        ASSERT_TRUE(seen.emplace(t.m_block, t.b, t.h).second)
+            << "pairs " << pairs << " index " << i << " names a tile twice";
+      }
+    }
+}
+
+TEST(HopperTileOrder, LongestFirstRunsQueryTilesFromTheLast) {
+  const TileOrderArgs a{2, 6, 3, 4, 0};
+  for (int i = 0; i < 2 * 6 * 4; ++i) EXPECT_EQ(tile_id(a, i).m_block, 3 - i / 12) << i;
+}
+
+TEST(HopperTileOrder, KvGroupedRoundsStayOnFewPairs) {
+  // d128 non-causal B4 T4k H32/8: 32 pairs, 32 query tiles; 8 pairs a group.
+  const TileOrderArgs a{4, 32, 8, 32, 8};
+  const int group = 32 / 8;
+  for (int i = 0; i < 4 * 32 * 32; ++i) {
+    const TileId t = tile_id(a, i);
+    const int pair = t.b * 8 + t.h / group;
+    EXPECT_EQ(pair / 8, i / (8 * 32 * group)) << i;  // the group's pairs only
+    if (i % group != 0) {  // the next query head of the same pair and query tile
+      const TileId prev = tile_id(a, i - 1);
+      EXPECT_TRUE(prev.m_block == t.m_block && prev.b == t.b && prev.h + 1 == t.h) << i;
+    }
+  }
+}
+
+}  // namespace
