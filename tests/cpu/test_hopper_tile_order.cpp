@@ -7,11 +7,15 @@
 
 #include <set>
 #include <tuple>
+#include <vector>
 
+#include "cuda/hopper/backward_tile_sizes.hpp"
 #include "cuda/hopper/tile_order.hpp"
 
 namespace {
 
+using gqattn::hopper::key_tile_id;
+using gqattn::hopper::KeyTileId;
 using gqattn::hopper::tile_id;
 using gqattn::hopper::TileId;
 using gqattn::hopper::TileOrderArgs;
@@ -60,6 +64,50 @@ TEST(HopperTileOrder, KvGroupedRoundsStayOnFewPairs) {
       EXPECT_TRUE(prev.m_block == t.m_block && prev.b == t.b && prev.h + 1 == t.h) << i;
     }
   }
+}
+
+// The dK/dV grid: every (key tile, batch, kv head) once, and within each
+// pair the key tiles in increasing index order (the fused dQ's ordered adds
+// wait only on lower key tiles of the pair, dispatched before them).
+TEST(HopperTileOrder, KeyTileOrderNamesEveryTileOnceLowKeyTilesFirst) {
+  for (const Shape& s : kShapes)
+    for (int pairs : {0, 1, 3, 8, 1000}) {
+      const int num_n = s.num_m, num_pairs = s.B * s.Hkv;
+      std::set<std::tuple<int, int, int>> seen;
+      std::vector<int> next_n(num_pairs, 0);
+      for (int i = 0; i < num_n * num_pairs; ++i) {
+        const KeyTileId t = key_tile_id(s.B, s.Hkv, num_n, pairs, i);
+        ASSERT_TRUE(t.n_block >= 0 && t.n_block < num_n && t.b >= 0 && t.b < s.B && t.hk >= 0 &&
+                    t.hk < s.Hkv)
+            << "pairs " << pairs << " index " << i;
+        ASSERT_TRUE(seen.emplace(t.n_block, t.b, t.hk).second)
+            << "pairs " << pairs << " index " << i << " names a key tile twice";
+        EXPECT_EQ(t.n_block, next_n[t.b * s.Hkv + t.hk]++)
+            << "pairs " << pairs << " index " << i << ": a key tile before a lower one of its pair";
+      }
+    }
+}
+
+TEST(HopperTileOrder, KeyTileOrderUngroupedIsKeyTileMajor) {
+  for (int i = 0; i < 5 * 6; ++i) {
+    const KeyTileId t = key_tile_id(2, 3, 5, 0, i);
+    EXPECT_EQ(t.n_block, i / 6) << i;
+    EXPECT_EQ(t.b * 3 + t.hk, i % 6) << i;
+  }
+}
+
+// Which dK/dV grids are grouped, on the H200's 132 multiprocessors.
+TEST(HopperTileOrder, KeyTileGroupsOnlyWhereTheyHoldOneAndAHalfWaves) {
+  using gqattn::hopper::bwd::dkdv_group_pairs;
+  constexpr int kSms = 132;
+  EXPECT_EQ(dkdv_group_pairs(32, 32, kSms, 8), 8);  // B4 T4k H32/8, 128-key tiles: 256 CTAs
+  EXPECT_EQ(dkdv_group_pairs(32, 64, kSms, 8), 8);  // d256: 64-key tiles
+  EXPECT_EQ(dkdv_group_pairs(128, 8, kSms, 8), 0);  // B16 T1k: 64-CTA groups
+  EXPECT_EQ(dkdv_group_pairs(8, 128, kSms, 8), 0);  // B1 T16k: one group
+  EXPECT_EQ(dkdv_group_pairs(12, 64, kSms, 8), 0);  // 12 pairs: no even groups
+  EXPECT_EQ(dkdv_group_pairs(16, 25, kSms, 8), 8);  // 200 CTAs a group: 1.5 waves are 198
+  EXPECT_EQ(dkdv_group_pairs(16, 24, kSms, 8), 0);  // 192
+  EXPECT_EQ(dkdv_group_pairs(32, 32, kSms, 0), 0);  // grouping off
 }
 
 }  // namespace

@@ -7,8 +7,8 @@
 // and f16, padded strides, causal and not, d 64, 128 and 256 (d split over
 // the consumer warpgroups), and sequences long enough to wrap the Q/dO and
 // K/V rings several times; for d <= 128 (fused dQ) also with
-// Options::deterministic = false (unordered adds). Also: d = 256 is no
-// longer refused. Every case
+// Options::deterministic = false (unordered adds); the dK/dV grid in groups
+// of pairs (GQATTN_HOPPER_DKDV_GROUP). Also: d = 256 is no longer refused. Every case
 // skips, saying why, where cuda-hopper's backward
 // cannot run (no device, not sm_90, no sm_90a code in the build).
 #include <gtest/gtest.h>
@@ -176,10 +176,13 @@ std::vector<BackwardCase> fused_dq_cases() {
 // Options::deterministic = `deterministic` and expects it to pass the
 // oracle (and, when deterministic, the bitwise rerun); skips, saying why,
 // where cuda-hopper's backward cannot run.
-void expect_path_passes(const BackwardCase& c, const char* dq_path, bool deterministic) {
+// dkdv_group: GQATTN_HOPPER_DKDV_GROUP (null: the rule's grid order).
+void expect_path_passes(const BackwardCase& c, const char* dq_path, bool deterministic,
+                        const char* dkdv_group = nullptr) {
   const std::string why = why_not_backward(c.problem, c.dtype);
   if (!why.empty()) GTEST_SKIP() << why;
   const gqattn::test::ScopedEnv path("GQATTN_HOPPER_DQ", dq_path);
+  const gqattn::test::ScopedEnv group("GQATTN_HOPPER_DKDV_GROUP", dkdv_group);
   gqattn::check::Config config;
   config.problem = c.problem;
   config.dtype = c.dtype;
@@ -211,6 +214,37 @@ TEST_P(HopperBackwardDqPaths, FusedNondeterministicOption) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardDqPaths, ::testing::ValuesIn(fused_dq_cases()),
                          case_name);
+
+// The dK/dV grid in groups of (batch, kv head) pairs (tile_order.hpp
+// key_tile_id), which the rule takes only for long sequences and many pairs
+// (backward_tile_sizes.hpp dkdv_group_pairs), forced here on the cases with
+// two pairs or more and more than one key tile: one pair a group (every key
+// tile of a pair before the next pair's), and three (a last group of fewer
+// pairs where 3 does not divide them). d <= 128 through the fused dQ, whose
+// ordered adds must not wait on a key tile dispatched later.
+std::vector<BackwardCase> grouped_grid_cases() {
+  std::vector<BackwardCase> out;
+  for (const BackwardCase& c : cases())
+    if (c.problem.B * c.problem.Hkv >= 2 && c.problem.Tk > 64) out.push_back(c);
+  return out;
+}
+
+class HopperBackwardGroupedGrid : public ::testing::TestWithParam<BackwardCase> {};
+
+const char* dq_path_for_grouping(const BackwardCase& c) {
+  return c.problem.d <= 128 ? "fused" : nullptr;
+}
+
+TEST_P(HopperBackwardGroupedGrid, OnePairAGroup) {
+  expect_path_passes(GetParam(), dq_path_for_grouping(GetParam()), true, "1");
+}
+
+TEST_P(HopperBackwardGroupedGrid, ThreePairsAGroup) {
+  expect_path_passes(GetParam(), dq_path_for_grouping(GetParam()), true, "3");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardGroupedGrid,
+                         ::testing::ValuesIn(grouped_grid_cases()), case_name);
 
 Problem d256_problem() {
   Problem p;
@@ -244,6 +278,19 @@ TEST(HopperBackwardSupport, DqPathSwitchErrors) {
   const gqattn::Error unknown = gqattn::test::backward_switch_error(
       p, Backend::CudaHopper, "GQATTN_HOPPER_DQ", "fuse", /*deterministic=*/true);
   EXPECT_EQ(unknown.argument(), "GQATTN_HOPPER_DQ = 'fuse'") << unknown.what();
+}
+
+// So does the grid order switch.
+TEST(HopperBackwardSupport, GridGroupSwitchErrors) {
+  const Problem p = d256_problem();
+  const std::string why = why_not_backward(p, DType::bf16);
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (const char* value : {"-1", "eight", "8x"}) {
+    const gqattn::Error e = gqattn::test::backward_switch_error(
+        p, Backend::CudaHopper, "GQATTN_HOPPER_DKDV_GROUP", value, /*deterministic=*/true);
+    EXPECT_EQ(e.argument(), std::string("GQATTN_HOPPER_DKDV_GROUP = '") + value + "'") << e.what();
+    EXPECT_NE(e.rule().find("whole number"), std::string::npos) << e.what();
+  }
 }
 #endif
 

@@ -62,6 +62,7 @@
 #include "cuda/hopper/ptx/warpgroup.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
 #include "cuda/hopper/ptx/wgmma_ops.cuh"
+#include "cuda/hopper/tile_order.hpp"
 
 namespace gqattn::hopper::bwd {
 
@@ -83,19 +84,23 @@ struct DkdvWork {
   __device__ int m0(int t, int block_m) const { return (first + num_m - 1 - t / group) * block_m; }
 };
 
-// Grid order: key-tile major, the first key tiles (most queries under a
-// causal mask) first. The fused dQ's ordered adds make a key tile wait only
-// for lower key tiles of its own (b, kv head), which have lower block
-// indices, so they were dispatched before it (in-order dispatch, as FA3's
-// deterministic mode and CUTLASS's stream-K assume): no wait can deadlock.
+// Grid order (tile_order.hpp key_tile_id): key-tile major, the first key
+// tiles (most queries under a causal mask) first, in groups of group_pairs
+// (batch, kv head) pairs (0: one group of all). The fused dQ's ordered adds
+// make a key tile wait only for lower key tiles of its own (b, kv head),
+// which have lower block indices in every grouping, so they were dispatched
+// before it (in-order dispatch, as FA3's deterministic mode and CUTLASS's
+// stream-K assume): no wait can deadlock.
 template <int kBlockN, int kBlockM>
 __device__ __forceinline__ DkdvWork dkdv_work(const flash::BackwardParams& p,
-                                              const flash::MaskPolicy& mask) {
+                                              const flash::MaskPolicy& mask, int group_pairs) {
   DkdvWork w;
-  const int num_bhk = p.B * p.Hkv;
-  w.n_block = int(blockIdx.x) / num_bhk;
-  w.b = (int(blockIdx.x) % num_bhk) / p.Hkv;
-  w.hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
+  const int num_pairs = p.B * p.Hkv;
+  const KeyTileId id =
+      key_tile_id(p.B, p.Hkv, int(gridDim.x) / num_pairs, group_pairs, int(blockIdx.x));
+  w.n_block = id.n_block;
+  w.b = id.b;
+  w.hk = id.hk;
   w.group = p.H / p.Hkv;
   w.n0 = w.n_block * kBlockN;
   const flash::BlockRange range = mask.query_blocks(w.n0, min(kBlockN, mask.tk - w.n0), kBlockM);
@@ -446,7 +451,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   __syncthreads();
 
   const flash::MaskPolicy mask(p.c.mask);
-  const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM>(p.c, mask);
+  const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM>(p.c, mask, p.dkdv_group_pairs);
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kBwdProducerRegisters>();

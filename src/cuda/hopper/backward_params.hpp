@@ -55,6 +55,9 @@ struct BackwardParams {
   // under softcap, where the kernels form dS / 4 (backward_common.cuh,
   // p_and_ds_factor). Set with c.lse2_shift by softcap_backward_terms().
   float dkdq_scale = 0.0f;
+  // (batch, kv head) pairs per group of the dK/dV grid (dkdv_group_pairs,
+  // backward_tile_sizes.hpp); 0: key-tile major.
+  int dkdv_group_pairs = 0;
 };
 
 // The softcap-dependent terms of `p` from p.c.score: under softcap the

@@ -74,6 +74,34 @@ constexpr bool split_handover(int d, bool softcap) {
   return split_d(d) && kBwdSplitHandover && softcap;
 }
 
+// kBwdDkdvGroupPairs: the dK/dV grid in tile_order.hpp's kv-grouped order,
+// this many (batch, kv head) pairs a group, the key tiles of a group's pairs
+// in turn: the CTAs running at one time then share the Q / dO of few pairs
+// in L2, where the key-tile-major order has a wave read those of every pair
+// (Nsight Compute, fused d128 dK/dV: L2 hit rate 73% non-causal, 81% causal
+// T16k; docs/hopper.md Backward TODO 8). Only where the pairs divide into
+// two groups or more, and a group holds at least 1.5 waves of CTAs (one
+// per SM): under a causal mask a group's first key tiles run longest, and
+// a group shorter than they are leaves them as a tail (a list-scheduling
+// simulation: 5-15% longer at B4 T4k with groups under 1.5 waves). Measured
+// on the H200 (bwd TFLOP/s, two calls, grouped / key-tile major, each run
+// once or twice per call): d128 causal B4 T4k H32/8 549, 522, 531, 529 /
+// 478, 504, 480, 485; non-causal 543, 543, 548, 553 / 519, 519, 534, 534;
+// groups of 4 or 16 pairs within the spread of key-tile major; B16 T1k
+// (64-CTA groups, not taken now) 324, 329, 327 / 333, 325, 337; d256 causal
+// within the spread. Grouping the separate dQ kernel's grid the same way
+// (8 or 16 pairs) measured within the spread, so it stays longest first.
+// 0: key-tile major everywhere.
+constexpr int kBwdDkdvGroupPairs = 8;
+constexpr int kBwdDkdvGroupMinHalfWaves = 3;
+// The pairs per group of the dK/dV grid (0: key-tile major) for num_pairs
+// pairs of key_tiles key tiles each on a GPU of `sms` multiprocessors.
+constexpr int dkdv_group_pairs(int num_pairs, int key_tiles, int sms,
+                               int pairs = kBwdDkdvGroupPairs) {
+  if (pairs <= 0 || num_pairs % pairs != 0 || num_pairs == pairs) return 0;
+  return 2 * pairs * key_tiles >= kBwdDkdvGroupMinHalfWaves * sms ? pairs : 0;
+}
+
 constexpr bool fused_dq_supported(int d) { return kBwdFusedDq && !split_d(d); }
 
 // dK/dV: kBlockN keys per CTA (64 per consumer warpgroup, or 64 shared by

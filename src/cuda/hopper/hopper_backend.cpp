@@ -20,6 +20,7 @@
 #include "cuda/flash/problem_args.hpp"
 #include "cuda/flash/tile_sizes.hpp"
 #include "cuda/hopper/backward_dq_choice.hpp"
+#include "cuda/hopper/backward_grid_order.hpp"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/launchers.hpp"
 #include "cuda/hopper/params.hpp"
@@ -216,6 +217,8 @@ class CudaHopperBackend final : public BackendImpl {
     hopper::bwd::softcap_backward_terms(p);
     flash::BackwardParams& c = p.c;
     const int64_t padded = c.tq_padded;
+    p.dkdv_group_pairs = hopper::bwd::dkdv_grid_group_pairs(
+        a.problem, cuda::current_device_properties().multiprocessors);
 
     // Workspace on the caller's stream (StreamWorkspace, from the library's
     // pool: 256-byte aligned, as the bulk copies need; freed on the stream

@@ -1,7 +1,9 @@
-// cuda-hopper: the forward's order of work tiles — which (query tile, batch,
-// query head) a linear tile index names. Plain integer code for host and
-// device, so that tests/cpu/test_hopper_tile_order.cpp checks on the CPU
-// that every order is a bijection onto the work tiles.
+// cuda-hopper: the order of work tiles — which (query tile, batch, query
+// head) a linear tile index of the forward names, and which key tile or
+// query tile a block index of the backward's grids names (below). Plain
+// integer code for host and device, so that
+// tests/cpu/test_hopper_tile_order.cpp checks on the CPU that every order
+// is a bijection onto the work tiles.
 //
 // Two orders (TileSchedule, tile_coord.cuh, deals the indices to the CTAs):
 // - longest first (causal or windowed problems, whose query tiles visit
@@ -58,6 +60,22 @@ GQATTN_FLASH_HD TileId tile_id(const TileOrderArgs& a, int index) {
   t.b = pair / a.Hkv;
   t.h = pair % a.Hkv * group + within % group;
   return t;
+}
+
+// The backward's grids (one CTA per tile, dispatched in block-index order).
+// The dQ grid takes tile_id's longest-first order. The dK/dV grid runs the key tiles of each
+// (batch, kv head) pair from the first (under a causal mask the longest)
+// up, pairs innermost: tile_id over the kv heads alone (one query head per
+// kv head), its query tile order reversed. Within a pair the key tiles keep
+// increasing indices in every grouping, which the fused dQ's ordered adds
+// rely on (backward_dkdv_kernel.cuh).
+struct KeyTileId {
+  int n_block, b, hk;
+};
+
+GQATTN_FLASH_HD KeyTileId key_tile_id(int B, int Hkv, int num_n, int pairs, int index) {
+  const TileId t = tile_id(TileOrderArgs{B, Hkv, Hkv, num_n, pairs}, index);
+  return KeyTileId{num_n - 1 - t.m_block, t.b, t.h};
 }
 
 }  // namespace gqattn::hopper
