@@ -96,18 +96,21 @@ TEST(HopperTileOrder, KeyTileOrderUngroupedIsKeyTileMajor) {
   }
 }
 
-// Which dK/dV grids are grouped, on the H200's 132 multiprocessors.
-TEST(HopperTileOrder, KeyTileGroupsOnlyWhereTheyHoldOneAndAHalfWaves) {
+// Which dK/dV grids are grouped, and by how many pairs, on the H200's 132
+// multiprocessors (1.5 waves: 198 CTAs).
+TEST(HopperTileOrder, KeyTileGroupsAreTheFewestPairsHoldingOneAndAHalfWaves) {
   using gqattn::hopper::bwd::dkdv_group_pairs;
   constexpr int kSms = 132;
-  EXPECT_EQ(dkdv_group_pairs(32, 32, kSms, 8), 8);  // B4 T4k H32/8, 128-key tiles: 256 CTAs
-  EXPECT_EQ(dkdv_group_pairs(32, 64, kSms, 8), 8);  // d256: 64-key tiles
-  EXPECT_EQ(dkdv_group_pairs(128, 8, kSms, 8), 0);  // B16 T1k: 64-CTA groups
-  EXPECT_EQ(dkdv_group_pairs(8, 128, kSms, 8), 0);  // B1 T16k: one group
-  EXPECT_EQ(dkdv_group_pairs(12, 64, kSms, 8), 0);  // 12 pairs: no even groups
-  EXPECT_EQ(dkdv_group_pairs(16, 25, kSms, 8), 8);  // 200 CTAs a group: 1.5 waves are 198
-  EXPECT_EQ(dkdv_group_pairs(16, 24, kSms, 8), 0);  // 192
-  EXPECT_EQ(dkdv_group_pairs(32, 32, kSms, 0), 0);  // grouping off
+  EXPECT_EQ(dkdv_group_pairs(32, 32, kSms, 8), 8);   // B4 T4k H32/8, 128-key tiles
+  EXPECT_EQ(dkdv_group_pairs(32, 64, kSms, 8), 4);   // d256: 64-key tiles
+  EXPECT_EQ(dkdv_group_pairs(8, 128, kSms, 8), 2);   // B1 T16k
+  EXPECT_EQ(dkdv_group_pairs(128, 8, kSms, 8), 0);   // B16 T1k: 32 pairs needed, above the cap
+  EXPECT_EQ(dkdv_group_pairs(12, 64, kSms, 8), 4);   // 3 pairs are 192 CTAs; 4 divide 12
+  EXPECT_EQ(dkdv_group_pairs(14, 64, kSms, 8), 7);   // only 7 divides 14 with 1.5 waves
+  EXPECT_EQ(dkdv_group_pairs(4, 99, kSms, 8), 2);    // 198 CTAs exactly
+  EXPECT_EQ(dkdv_group_pairs(4, 98, kSms, 8), 0);    // 196; 4 pairs are all of them
+  EXPECT_EQ(dkdv_group_pairs(1, 1000, kSms, 8), 0);  // one pair: nothing to group
+  EXPECT_EQ(dkdv_group_pairs(32, 32, kSms, 0), 0);   // grouping off
 }
 
 }  // namespace

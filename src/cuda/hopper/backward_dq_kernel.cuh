@@ -61,7 +61,7 @@ __device__ __forceinline__ DqWork dq_work(const flash::BackwardParams& p,
   DqWork w;
   const int num_m = int(gridDim.x) / (p.B * p.H);
   // Longest (last) query tiles first; grouped by pairs measured no faster
-  // (kBwdDkdvGroupPairs).
+  // (kBwdDkdvGroupMaxPairs).
   const TileId id = tile_id(TileOrderArgs{p.B, p.H, p.Hkv, num_m, 0}, int(blockIdx.x));
   w.b = id.b;
   w.h = id.h;

@@ -74,32 +74,38 @@ constexpr bool split_handover(int d, bool softcap) {
   return split_d(d) && kBwdSplitHandover && softcap;
 }
 
-// kBwdDkdvGroupPairs: the dK/dV grid in tile_order.hpp's kv-grouped order,
-// this many (batch, kv head) pairs a group, the key tiles of a group's pairs
-// in turn: the CTAs running at one time then share the Q / dO of few pairs
-// in L2, where the key-tile-major order has a wave read those of every pair
-// (Nsight Compute, fused d128 dK/dV: L2 hit rate 73% non-causal, 81% causal
-// T16k; docs/hopper.md Backward TODO 8). Only where the pairs divide into
-// two groups or more, and a group holds at least 1.5 waves of CTAs (one
-// per SM): under a causal mask a group's first key tiles run longest, and
-// a group shorter than they are leaves them as a tail (a list-scheduling
-// simulation: 5-15% longer at B4 T4k with groups under 1.5 waves). Measured
-// on the H200 (bwd TFLOP/s, two calls, grouped / key-tile major, each run
-// once or twice per call): d128 causal B4 T4k H32/8 549, 522, 531, 529 /
-// 478, 504, 480, 485; non-causal 543, 543, 548, 553 / 519, 519, 534, 534;
-// groups of 4 or 16 pairs within the spread of key-tile major; B16 T1k
-// (64-CTA groups, not taken now) 324, 329, 327 / 333, 325, 337; d256 causal
-// within the spread. Grouping the separate dQ kernel's grid the same way
-// (8 or 16 pairs) measured within the spread, so it stays longest first.
-// 0: key-tile major everywhere.
-constexpr int kBwdDkdvGroupPairs = 8;
+// kBwdDkdvGroupMaxPairs: the dK/dV grid in tile_order.hpp's kv-grouped
+// order, the key tiles of a group of (batch, kv head) pairs in turn: the
+// CTAs running at one time then share the Q / dO of few pairs in L2, where
+// the key-tile-major order has a wave read those of every pair (Nsight
+// Compute, fused d128 dK/dV: L2 hit rate 73% non-causal, 81% causal T16k;
+// docs/hopper.md Backward TODO 8). A group is the fewest pairs, at most
+// kBwdDkdvGroupMaxPairs, that divide the pairs into two groups or more and
+// hold at least 1.5 waves of CTAs (one per SM): under a causal mask a
+// group's first key tiles run longest, and a group shorter than they are
+// leaves them as a tail (a list-scheduling simulation: 5-15% longer at B4
+// T4k with groups under 1.5 waves). Measured on the H200 (bwd TFLOP/s,
+// grouped / key-tile major, three calls):
+// - d128 causal B4 T4k H32/8, 8 pairs: 549, 522, 531, 529, 505, 498 / 478,
+//   504, 480, 485; 2 or 4 pairs (below 1.5 waves) 478-497, 16: 495;
+// - non-causal, 8 pairs: 543, 543, 548, 553 / 519, 519, 534, 534;
+// - B1 T16k, 2 pairs: 555, 554 / 541, 542 (4 pairs 549, 551);
+// - B16 T1k (8 key tiles: 32 pairs for 1.5 waves, above the cap): 8 pairs
+//   324, 329, 327; 32 pairs 332 / 333-337 key-tile major;
+// - d256 causal B4 T4k within the spread for 2 to 16 pairs.
+// Grouping the separate dQ kernel's grid the same way (8 or 16 pairs)
+// measured within the spread, so it stays longest first. 0: key-tile
+// major everywhere.
+constexpr int kBwdDkdvGroupMaxPairs = 8;
 constexpr int kBwdDkdvGroupMinHalfWaves = 3;
 // The pairs per group of the dK/dV grid (0: key-tile major) for num_pairs
 // pairs of key_tiles key tiles each on a GPU of `sms` multiprocessors.
 constexpr int dkdv_group_pairs(int num_pairs, int key_tiles, int sms,
-                               int pairs = kBwdDkdvGroupPairs) {
-  if (pairs <= 0 || num_pairs % pairs != 0 || num_pairs == pairs) return 0;
-  return 2 * pairs * key_tiles >= kBwdDkdvGroupMinHalfWaves * sms ? pairs : 0;
+                               int max_pairs = kBwdDkdvGroupMaxPairs) {
+  for (int pairs = 1; pairs <= max_pairs && pairs < num_pairs; ++pairs)
+    if (num_pairs % pairs == 0 && 2 * pairs * key_tiles >= kBwdDkdvGroupMinHalfWaves * sms)
+      return pairs;
+  return 0;
 }
 
 constexpr bool fused_dq_supported(int d) { return kBwdFusedDq && !split_d(d); }
