@@ -87,12 +87,14 @@ constexpr bool split_handover(int d, bool softcap) {
 // T4k with groups under 1.5 waves). Measured on the H200 (bwd TFLOP/s,
 // grouped / key-tile major, three calls):
 // - d128 causal B4 T4k H32/8, 8 pairs: 549, 522, 531, 529, 505, 498 / 478,
-//   504, 480, 485; 2 or 4 pairs (below 1.5 waves) 478-497, 16: 495;
-// - non-causal, 8 pairs: 543, 543, 548, 553 / 519, 519, 534, 534;
+//   504, 480, 485, 495, 508; 2 or 4 pairs (below 1.5 waves) 478-497, 16:
+//   495;
+// - non-causal, 8 pairs: 543, 543, 548, 553 / 519, 519, 534, 534, 518, 520;
 // - B1 T16k, 2 pairs: 555, 554 / 541, 542 (4 pairs 549, 551);
 // - B16 T1k (8 key tiles: 32 pairs for 1.5 waves, above the cap): 8 pairs
-//   324, 329, 327; 32 pairs 332 / 333-337 key-tile major;
-// - d256 causal B4 T4k within the spread for 2 to 16 pairs.
+//   324, 329, 327, 327; 32 pairs 332 / 325-337 key-tile major;
+// - d256 causal B4 T4k within the spread for 2 to 16 pairs (docs/hopper.md
+//   Backward TODO 8).
 // Grouping the separate dQ kernel's grid the same way (8 or 16 pairs)
 // measured within the spread, so it stays longest first. 0: key-tile
 // major everywhere.
