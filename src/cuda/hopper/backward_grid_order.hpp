@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "cuda/hopper/backward_params.hpp"
@@ -26,7 +27,7 @@ inline int dkdv_grid_group_pairs(const Problem& p, int sms) {
     char* end = nullptr;
     errno = 0;
     const long pairs = std::strtol(env, &end, 10);
-    if (*end != '\0' || errno != 0 || pairs < 0 || pairs > (1L << 30))
+    if (*end != '\0' || errno != 0 || pairs < 0 || pairs > std::numeric_limits<int>::max())
       throw Error(std::string(kVar) + " = '" + env + "'",
                   "must be a whole number of (batch, kv head) pairs >= 0 (or unset)");
     return int(pairs);

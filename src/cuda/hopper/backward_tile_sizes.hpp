@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace gqattn::hopper::bwd {
 
@@ -105,7 +106,8 @@ constexpr int kBwdDkdvGroupMinHalfWaves = 3;
 constexpr int dkdv_group_pairs(int num_pairs, int key_tiles, int sms,
                                int max_pairs = kBwdDkdvGroupMaxPairs) {
   for (int pairs = 1; pairs <= max_pairs && pairs < num_pairs; ++pairs)
-    if (num_pairs % pairs == 0 && 2 * pairs * key_tiles >= kBwdDkdvGroupMinHalfWaves * sms)
+    if (num_pairs % pairs == 0 &&
+        2 * int64_t(pairs) * key_tiles >= int64_t(kBwdDkdvGroupMinHalfWaves) * sms)
       return pairs;
   return 0;
 }

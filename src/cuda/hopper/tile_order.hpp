@@ -5,7 +5,8 @@
 // tests/cpu/test_hopper_tile_order.cpp checks on the CPU that every order
 // is a bijection onto the work tiles.
 //
-// Two orders (TileSchedule, tile_coord.cuh, deals the indices to the CTAs):
+// The forward's two orders (TileSchedule, tile_coord.cuh, deals the
+// indices to the CTAs):
 // - longest first (causal or windowed problems, whose query tiles visit
 //   different numbers of key tiles): query-tile major, the last query tile
 //   first, every (batch, head) of one query tile in a row; the longest tiles
@@ -63,12 +64,12 @@ GQATTN_FLASH_HD TileId tile_id(const TileOrderArgs& a, int index) {
 }
 
 // The backward's grids (one CTA per tile, dispatched in block-index order).
-// The dQ grid takes tile_id's longest-first order. The dK/dV grid runs the key tiles of each
-// (batch, kv head) pair from the first (under a causal mask the longest)
-// up, pairs innermost: tile_id over the kv heads alone (one query head per
-// kv head), its query tile order reversed. Within a pair the key tiles keep
-// increasing indices in every grouping, which the fused dQ's ordered adds
-// rely on (backward_dkdv_kernel.cuh).
+// The dQ grid takes tile_id's longest-first order. The dK/dV grid runs the
+// key tiles of each (batch, kv head) pair from the first (under a causal
+// mask the longest) up, pairs innermost: tile_id over the kv heads alone
+// (one query head per kv head), its query tile order reversed. Within a
+// pair the key tiles keep increasing indices in every grouping, which the
+// fused dQ's ordered adds rely on (backward_dkdv_kernel.cuh).
 struct KeyTileId {
   int n_block, b, hk;
 };
