@@ -199,19 +199,42 @@ __device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&d
 // turns the warpgroup's accumulators into
 //   s  <- P = 2^(v * mult - lse2), masked elements 0 (v = S, or
 //         tanh(S * pre) under softcap),
-//   dp <- dP - D, times 1 - v^2 under softcap (v before masking).
-// Orientation and indexing: stat_index, p_from_scores. Overlapped, P is
-// computed between wait_group 1 (S has landed) and wait_group 0, while
-// dP's wgmma still runs; never under softcap, whose dS needs tanh(S) after
-// dP has landed.
+//   dp <- dP - D, times 1 - v^2 under softcap (v before masking; as
+//         p_and_ds_factor, a quarter of it).
+// Orientation and indexing: stat_index, p_from_scores. Overlapped, P (and
+// under softcap the factor r - r^2, in a third array) is computed between
+// wait_group 1 (S has landed) and wait_group 0, while dP's wgmma still runs;
+// the products are the serial order's, so the results are bitwise the same.
 template <bool kRowsAreKeys, bool kSoftcap, bool kOverlapSdP, int kNT>
 __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&dp)[1][kNT][4],
                                                  const float* lse2, const float* dsum,
                                                  const flash::ScoreArgs& score,
                                                  const flash::MaskPolicy& mask, int wg_row0,
                                                  int warp_row0, int col0, int lane) {
-  static_assert(!(kOverlapSdP && kSoftcap), "softcap needs tanh(S) after dP has landed");
-  if constexpr (kOverlapSdP) {
+  if constexpr (kOverlapSdP && kSoftcap) {
+    // The S group has completed; dP (not read here) may still run.
+    ptx::wgmma_wait<1>();
+    ptx::pin(s[0]);
+    constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
+    const float k = kTwoLog2e * score.pre;
+    float factor[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float r = flash::softcap_r(s[0][nt][e], k);
+        factor[nt][e] = fmaf(-r, r, r);
+        s[0][nt][e] = r;
+      }
+    p_from_scores<kRowsAreKeys>(s, lse2, -2.0f * score.mult, mask, wg_row0, warp_row0, col0, lane);
+    ptx::wgmma_wait<0>();
+    ptx::pin(dp[0]);
+    dp_minus_d<kRowsAreKeys>(dp, dsum, lane);
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[0][nt][e] *= factor[nt][e];
+  } else if constexpr (kOverlapSdP) {
     // The S group has completed; dP (not read here) may still run.
     ptx::wgmma_wait<1>();
     ptx::pin(s[0]);

@@ -220,9 +220,9 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
   constexpr int kNT = kBM / 8;            // n8 blocks of S^T, dP^T (queries)
   constexpr int kStepsD = kD / kWgmmaK;   // k-steps of S^T, dP^T
   constexpr int kStepsM = kBM / kWgmmaK;  // k-steps of dV, dK
-  // S^T and dP^T as two wgmma groups (P^T computed while dP^T runs); not
-  // under softcap, whose dS needs tanh(S) after dP^T has landed.
-  constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
+  // S^T and dP^T as two wgmma groups (P^T, under softcap also the factor
+  // of 1 - tanh^2, computed while dP^T runs; overlap_s_dp says where).
+  constexpr bool kOverlapSdP = overlap_s_dp(kSoftcap, kD);
   constexpr bool kExchange = split_exchange(kD, kSoftcap);
   constexpr bool kHandover = split_handover(kD, kSoftcap);
   static_assert(kBN == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,

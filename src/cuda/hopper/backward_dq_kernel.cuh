@@ -117,9 +117,9 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   constexpr int kNT = kBN / 8;            // n8 blocks of S, dP (keys)
   constexpr int kStepsD = kD / kWgmmaK;   // k-steps of S, dP
   constexpr int kStepsN = kBN / kWgmmaK;  // k-steps of dQ
-  // S and dP as two wgmma groups (P computed while dP runs); not under
-  // softcap, whose dS needs tanh(S) after dP has landed.
-  constexpr bool kOverlapSdP = kBwdOverlapSdP && !kSoftcap;
+  // S and dP as two wgmma groups (P, under softcap also the factor of 1 -
+  // tanh^2, computed while dP runs; overlap_s_dp says where).
+  constexpr bool kOverlapSdP = overlap_s_dp(kSoftcap, kD);
   constexpr bool kExchange = split_exchange(kD, kSoftcap);
   constexpr bool kHandover = split_handover(kD, kSoftcap);
   static_assert(kBM == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,

@@ -16,9 +16,24 @@ constexpr std::size_t kBwdMaxSmemBytes = 227 * 1024;
 
 // Overlap in both kernels: S (S^T) and dP (dP^T) are committed as two wgmma
 // groups; P is computed from S while the dP group still runs (wait_group 1,
-// then 0). Off under softcap (dS needs tanh of S after dP has landed; kept
-// simple). Off: one group, wait_group 0.
+// then 0). Off: one group, wait_group 0.
 constexpr bool kBwdOverlapSdP = true;
+// The same overlap under softcap, for d <= kBwdOverlapSdPSoftcapMaxD: while
+// dP still runs, r = 1 / (e^(2 S pre) + 1), the factor r - r^2 of
+// 1 - tanh^2 (a third accumulator-sized array) and P are formed from S; once
+// dP has landed only dP - D times the factor is left. The products are those
+// of the serial order, so are the bits. Measured on the H200 (fused dQ, bwd
+// TFLOP/s, overlapped / serial, two builds each, one call): d64 causal cap30
+// B4 T4k 311, 313 / 304, 306; d128 causal 431, 456 / 439, 442 and
+// non-causal 461, 462 / 475, 475 (the d128 kernel has 32 fewer registers
+// to spare: R237 of 240 either way). Above the bound: one group, all
+// element-wise work after it. d 256 splits S and dP between the warpgroups
+// (split_handover) and does not use either.
+constexpr int kBwdOverlapSdPSoftcapMaxD = 64;
+constexpr bool overlap_s_dp(bool softcap, int d) {
+  return kBwdOverlapSdP && (!softcap || d <= kBwdOverlapSdPSoftcapMaxD);
+}
+
 // Overlap in the dK/dV kernel: dV += P^T dO is committed on its own and runs
 // while dS^T is computed; then dK += dS^T Q. Off: both in one group after dS.
 constexpr bool kBwdOverlapDv = true;
