@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "cuda/flash/smem_layout.hpp"  // GQATTN_FLASH_HD
+
 namespace gqattn::flash {
 
 enum class ElemType { bf16, f16 };
@@ -24,6 +26,10 @@ struct MaskArgs {
   int tk = 0;
   int window = 0;
   bool causal = false;
+
+  // Every query sees every key (neither mask): all rows, hence all work
+  // tiles, are equally long.
+  GQATTN_FLASH_HD bool keeps_all_pairs() const { return !causal && window == 0; }
 };
 
 // How a raw dot product q.k becomes the exponent of exp2:

@@ -59,8 +59,7 @@ struct TileSchedule {
 // longest first.
 template <class Tile>
 __device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p) {
-  const bool uniform = !p.mask.causal && p.mask.window == 0;
-  const int pairs = kKvGroupedOrder && uniform ? Tile::kKvGroupPairs : 0;
+  const int pairs = kKvGroupedOrder && p.mask.keeps_all_pairs() ? Tile::kKvGroupPairs : 0;
   return TileOrderArgs{p.B, p.H, p.Hkv, p.num_tiles / (p.B * p.H), pairs};
 }
 
