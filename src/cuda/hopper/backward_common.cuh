@@ -69,21 +69,22 @@ __device__ __forceinline__ uint64_t mn_major(uint32_t tile, int kk) {
 }
 
 // Copies rows [row0, row0 + kRows) of (head, batch) of `map` (boxes of
-// kBoxRows rows) into the tile at `dst` (d/64 blocks of [kRows][64]); the
-// bytes complete on `bar`. Rows past the tensor's end arrive as zeros and
-// still count kRows x d x 2 bytes.
-template <int kD, int kRows>
+// kBox rows: kBoxRows, or kv_box_rows(d) for k and v) into the tile at `dst`
+// (d/64 blocks of [kRows][64]); the bytes complete on `bar`. Rows past the
+// tensor's end arrive as zeros and still count kRows x d x 2 bytes.
+template <int kD, int kRows, int kBox = kBoxRows>
 __device__ __forceinline__ void load_rows(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                           int row0, int head, int batch) {
-  static_assert(kRows % kBoxRows == 0, "tiles are whole boxes");
+  static_assert(kRows % kBox == 0, "tiles are whole boxes");
   constexpr uint32_t kBlockBytes = uint32_t(kRows) * kSwizzleBytes;
-  constexpr uint32_t kBoxBytes = uint32_t(kBoxRows) * kSwizzleBytes;
+  constexpr uint32_t kBoxBytes = uint32_t(kBox) * kSwizzleBytes;
+  static_assert(kBoxBytes % kSwizzleAtomBytes == 0, "boxes start on 1024-byte boundaries");
 #pragma unroll
   for (int c = 0; c < kD / kColBlock; ++c)
 #pragma unroll
-    for (int r = 0; r < kRows / kBoxRows; ++r)
+    for (int r = 0; r < kRows / kBox; ++r)
       ptx::tma_load_4d(dst + c * kBlockBytes + r * kBoxBytes, map, bar, c * kColBlock, head,
-                       row0 + r * kBoxRows, batch);
+                       row0 + r * kBox, batch);
 }
 
 // Stores a consumer warp's 16 accumulator rows (times `mult`) to `out` +

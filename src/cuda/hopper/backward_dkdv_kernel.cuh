@@ -124,8 +124,9 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
   ptx::tma_prefetch(&p.do_map);
 
   ptx::mbar_arrive_expect_tx(smem + L::kKVFull, 2 * L::kKVBytes);
-  load_rows<kD, Tile::kBlockN>(smem + L::kK, &p.k_map, smem + L::kKVFull, w.n0, w.hk, w.b);
-  load_rows<kD, Tile::kBlockN>(smem + L::kV, &p.v_map, smem + L::kKVFull, w.n0, w.hk, w.b);
+  constexpr int kBox = kv_box_rows(kD);
+  load_rows<kD, Tile::kBlockN, kBox>(smem + L::kK, &p.k_map, smem + L::kKVFull, w.n0, w.hk, w.b);
+  load_rows<kD, Tile::kBlockN, kBox>(smem + L::kV, &p.v_map, smem + L::kKVFull, w.n0, w.hk, w.b);
 
   for (int t = 0; t < w.steps; ++t) {
     const int stage = t % Tile::kStages;

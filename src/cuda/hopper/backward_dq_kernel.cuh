@@ -2,7 +2,8 @@
 // specialisation). One CTA of 384 threads per (query tile of 128, head,
 // batch) walks the key tiles the mask policy says the tile visits (last
 // first), recomputing S and dP there, and accumulates dQ in registers:
-//   S = Q K^T, dP = dO V^T               (wgmma SS, N = 64 keys)
+//   S = Q K^T, dP = dO V^T               (wgmma SS, N = 64 keys; 32 at
+//                                         d 256)
 //   P = 2^(v * mult - lse2)              (masked elements 0)
 //   dS = P o (dP - D) [o (1 - v^2) under softcap, v before masking]
 //   dQ += dS K                           (wgmma RS: dS from the
@@ -13,10 +14,12 @@
 //
 //   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads Q and dO once,
 //     then K and V of each visited key tile into a kStages-slot ring;
-//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each (d 256:
-//     the same 64 rows, half of d each; one computes S, the other dP, and
-//     they trade them, under softcap as dP - D one way and the A fragments
-//     of dS the other: backward_split_exchange.cuh).
+//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each, all
+//     d columns (at d 256 128 f32 registers of dQ per thread; DqTile). With
+//     kBwdDqWholeRowsD256 off, d 256 is split as the dK/dV kernel's: the
+//     same 64 rows, half of d each; one computes S, the other dP, and they
+//     trade them, under softcap as dP - D one way and the A fragments of dS
+//     the other (backward_split_exchange.cuh).
 //
 // Why a separate kernel (docs/hopper.md): the dK/dV kernel would otherwise
 // have to reduce dQ across key tiles, through global atomics (not
@@ -96,8 +99,11 @@ __device__ __forceinline__ void dq_produce(const BackwardParams& p, const DqWork
     const int n0 = n_block * kBN;
     ptx::mbar_wait(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes, parity ^ 1u);
     ptx::mbar_arrive_expect_tx(full, 2 * L::kKVBytes);
-    load_rows<kD, kBN>(smem + L::kK + uint32_t(stage) * L::kKVBytes, &p.k_map, full, n0, w.hk, w.b);
-    load_rows<kD, kBN>(smem + L::kV + uint32_t(stage) * L::kKVBytes, &p.v_map, full, n0, w.hk, w.b);
+    constexpr int kBox = kv_box_rows(kD);
+    load_rows<kD, kBN, kBox>(smem + L::kK + uint32_t(stage) * L::kKVBytes, &p.k_map, full, n0, w.hk,
+                             w.b);
+    load_rows<kD, kBN, kBox>(smem + L::kV + uint32_t(stage) * L::kKVBytes, &p.v_map, full, n0, w.hk,
+                             w.b);
   }
 }
 
@@ -120,8 +126,8 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   // S and dP as two wgmma groups (P, under softcap also the factor of 1 -
   // tanh^2, computed while dP runs; overlap_s_dp says where).
   constexpr bool kOverlapSdP = overlap_s_dp(kSoftcap, kD);
-  constexpr bool kExchange = split_exchange(kD, kSoftcap);
-  constexpr bool kHandover = split_handover(kD, kSoftcap);
+  constexpr bool kExchange = kSplit && split_exchange(kD, kSoftcap);
+  constexpr bool kHandover = kSplit && split_handover(kD, kSoftcap);
   static_assert(kBM == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
                 "one wgmma M of queries per warpgroup (or shared by both when split over d)");
   static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");

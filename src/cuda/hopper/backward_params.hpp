@@ -31,10 +31,15 @@ using flash::ElemType;
 // 1024 bytes lands with the same 128-byte swizzle phase as the rows of one
 // tall box would).
 constexpr int kBoxRows = 64;
+// K and V are loaded in boxes of kv_box_rows(d) rows: the d = 256 dQ
+// kernel's key tiles are shorter than kBoxRows.
+constexpr int kv_box_rows(int64_t d) {
+  return d == 256 && DqTile<256>::kBlockN < kBoxRows ? DqTile<256>::kBlockN : kBoxRows;
+}
 
 struct BackwardParams {
   // Maps of q, do [B, Tq, H, d] and k, v [B, Tk, Hkv, d] (tma_desc.hpp),
-  // boxes of kBoxRows rows.
+  // boxes of kBoxRows rows (k, v: kv_box_rows(d)).
   CUtensorMap q_map;
   CUtensorMap k_map;
   CUtensorMap v_map;
@@ -192,7 +197,10 @@ constexpr int64_t dkdv_blocks(int64_t B, int64_t Hkv, int64_t Tk, int64_t d) {
   return ceil_div(Tk, split_d(int(d)) ? DkdvTile<256>::kBlockN : DkdvTile<128>::kBlockN) * B * Hkv;
 }
 constexpr int64_t dq_blocks(int64_t B, int64_t H, int64_t Tq, int64_t d) {
-  return ceil_div(Tq, split_d(int(d)) ? DqTile<256>::kBlockM : DqTile<128>::kBlockM) * B * H;
+  const int block_m = d == 256   ? DqTile<256>::kBlockM
+                      : d == 128 ? DqTile<128>::kBlockM
+                                 : DqTile<64>::kBlockM;
+  return ceil_div(Tq, block_m) * B * H;
 }
 static_assert(DkdvTile<64>::kBlockN == DkdvTile<128>::kBlockN &&
                   DqTile<64>::kBlockM == DqTile<128>::kBlockM,

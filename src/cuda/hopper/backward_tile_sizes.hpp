@@ -62,8 +62,10 @@ constexpr bool kBwdFusedDq = true;
 // writer does every step.
 constexpr int kDqWriters = 2;
 
-// d = 256: dK, dV (and dQ) of 64 rows would need 2 x 128 f32 registers per
-// thread, so both consumer warpgroups own the SAME 64 rows and split d:
+// d = 256 in the dK/dV kernel (and in the dQ kernel with
+// kBwdDqWholeRowsD256 off): dK and dV of 64 rows would need 2 x 128 f32
+// registers per thread, so both consumer warpgroups own the SAME 64 rows and
+// split d:
 // warpgroup w accumulates columns [128 w, 128 w + 128). Both need all of
 // P and dS of those rows, which they trade (kBwdSplitExchange and
 // kBwdSplitHandover, below); with a switch off, each warpgroup computes both
@@ -147,16 +149,32 @@ struct DkdvTile {
   static constexpr bool kFusedDqSupported = fused_dq_supported(kD);
   static constexpr int kDqCols = kD / 2;
 };
+// dQ kernel at d = 256 with whole rows: each consumer warpgroup owns 64
+// query rows and all 256 dQ columns (128 f32 registers per thread), over key
+// tiles of 32 (so that the 128-row Q and dO, 128 KB, and three K/V slots of
+// 32 KB fit), like d <= 128: no split over d, hence no exchange between the
+// warpgroups, which then no longer wait for each other every step, and each
+// K/V tile serves 128 query rows instead of 64. Off: split over d as the
+// dK/dV kernel (64 rows, 64-key tiles, two slots). Measured on the H200
+// (bwd TFLOP/s, whole rows / split, two builds each, one call; the dK/dV
+// kernel is the same in both): d256 causal B4 T4k H16/8 390, 383 / 357,
+// 350; non-causal 400, 402 / 366, 366; causal window 4096 softcap 50 B2
+// T8k 369, 372 / 345, 346; causal B16 T1k 284, 274 / 261, 262.
+constexpr bool kBwdDqWholeRowsD256 = true;
+constexpr bool dq_split_d(int d) { return split_d(d) && !kBwdDqWholeRowsD256; }
+
 // dQ: kBlockM query rows per CTA (64 per consumer warpgroup, or 64 shared by
 // both when split over d), key tiles of kBlockN in a kStages ring (K and V
 // of a tile share one slot).
 template <int kD>
 struct DqTile {
-  static constexpr bool kSplitD = split_d(kD);
+  static constexpr bool kSplitD = dq_split_d(kD);
+  static constexpr bool kShortKeys = !kSplitD && kD > 128;  // whole rows at d = 256
   static constexpr int kBlockM = kSplitD ? 64 : 128;
-  static constexpr int kBlockN = 64;
-  static constexpr int kStages =
-      (!kSplitD && kBwdDeepRing) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
+  static constexpr int kBlockN = kShortKeys ? 32 : 64;
+  static constexpr int kStages = kShortKeys                   ? 3
+                                 : (!kSplitD && kBwdDeepRing) ? kBwdRingStagesDeep
+                                                              : kBwdRingStagesShallow;
   static constexpr int kColsPerWg = kSplitD ? kD / 2 : kD;  // dQ columns of one warpgroup
 };
 

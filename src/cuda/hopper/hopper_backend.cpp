@@ -210,8 +210,8 @@ class CudaHopperBackend final : public BackendImpl {
     const int64_t d = a.problem.d;
     hopper::bwd::BackwardParams p;
     p.q_map = hopper::make_tile_map(a.q, hopper::bwd::kBoxRows, "q");
-    p.k_map = hopper::make_tile_map(a.k, hopper::bwd::kBoxRows, "k");
-    p.v_map = hopper::make_tile_map(a.v, hopper::bwd::kBoxRows, "v");
+    p.k_map = hopper::make_tile_map(a.k, hopper::bwd::kv_box_rows(d), "k");
+    p.v_map = hopper::make_tile_map(a.v, hopper::bwd::kv_box_rows(d), "v");
     p.do_map = hopper::make_tile_map(a.dout, hopper::bwd::kBoxRows, "do");
     p.c = flash::backward_params(a);
     hopper::bwd::softcap_backward_terms(p);

@@ -40,6 +40,19 @@ struct Wgmma<8, __nv_bfloat16> {
 
 template <>
 struct Wgmma<32, __nv_bfloat16> {
+  // D(64 x 32) (+)= A(64 x 16, smem, K-major) * B(16 x 32, smem, K-major).
+  __device__ __forceinline__ static void ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
+                                            int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+        "1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
   // D(64 x 32) (+)= A(64 x 16, smem, MN-major) * B(16 x 32, smem, MN-major)
   // (imm-trans-a = imm-trans-b = 1).
   __device__ __forceinline__ static void ss_mn(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
@@ -352,6 +365,19 @@ struct Wgmma<8, __half> {
 
 template <>
 struct Wgmma<32, __half> {
+  // D(64 x 32) (+)= A(64 x 16, smem, K-major) * B(16 x 32, smem, K-major).
+  __device__ __forceinline__ static void ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
+                                            int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+        "1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
   // D(64 x 32) (+)= A(64 x 16, smem, MN-major) * B(16 x 32, smem, MN-major)
   // (imm-trans-a = imm-trans-b = 1).
   __device__ __forceinline__ static void ss_mn(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
