@@ -15,7 +15,9 @@
 // vs 436, d64 causal T4k 393 vs 341, softcap 30 T4k 415 vs 330; separate is
 // faster at 1024 keys per row and fewer (window 1024: 376 vs 316; causal
 // T1k, 512: 329 vs 280), where the fixed costs weigh more. The threshold
-// lies between those two measured points.
+// lies between those two measured points. Re-measured 2026-12-01 with the
+// grouped dK/dV grid, separate vs fused: window 1024 376, 372 vs 352, 356;
+// causal T1k 332, 332 vs 290, 294.
 #pragma once
 
 #include <cstdint>
