@@ -4,9 +4,10 @@
 // comparing bits): T = 1, T not a multiple of the tiles, Tq != Tk both ways,
 // Hkv = 1 and H / Hkv in {1, 2, 4, 8, 32}, windows 1, 64 and >= T, softcap 30
 // with large logits, rows with no kept key, key tiles no query sees, bf16
-// and f16, padded strides, causal and not, d 64, 128 and 256 (d split over
-// the consumer warpgroups), and sequences long enough to wrap the Q/dO and
-// K/V rings several times; for d <= 128 (fused dQ) also with
+// and f16, padded strides, causal and not, d 64, 128 and 256 (the dK/dV
+// kernel splits d over the consumer warpgroups; the dQ kernel walks 32-key
+// tiles, so Tk not a multiple of 32 too), and sequences long enough to wrap
+// the Q/dO and K/V rings several times; for d <= 128 (fused dQ) also with
 // Options::deterministic = false (unordered adds); the dK/dV grid in groups
 // of pairs (GQATTN_HOPPER_DKDV_GROUP). Also: d = 256 is no longer refused. Every case
 // skips, saying why, where cuda-hopper's backward
@@ -88,7 +89,8 @@ std::vector<BackwardCase> cases() {
       make("T129_causal_d64_f16", 1, 129, 129, 4, 2, 64, true, 0, 0.0f, f16),
       make("T100_causal_d64_padded", 1, 100, 100, 4, 1, 64, true, 0, 0.0f, bf16, true),
       make("T900_causal_d64", 1, 900, 900, 2, 1, 64, true),
-      // d = 256: both consumer warpgroups share 64 rows and split d.
+      // d = 256: in the dK/dV kernel both consumer warpgroups share 64 keys
+      // and split d; the dQ kernel keeps whole rows over 32-key tiles.
       make("T1_d256", 1, 1, 1, 2, 1, 256, false),
       make("T1_causal_d256_mha", 2, 1, 1, 2, 2, 256, true),
       make("T64_d256", 1, 64, 64, 1, 1, 256, false),
