@@ -25,10 +25,10 @@ constexpr bool kBwdOverlapSdP = true;
 // of the serial order, so are the bits. Measured on the H200 (fused dQ, bwd
 // TFLOP/s, overlapped / serial, two builds each, one call): d64 causal cap30
 // B4 T4k 311, 313 / 304, 306; d128 causal 431, 456 / 439, 442 and
-// non-causal 461, 462 / 475, 475 (the d128 kernel has 32 fewer registers
-// to spare: R237 of 240 either way). Above the bound: one group, all
-// element-wise work after it. d 256 splits S and dP between the warpgroups
-// (split_handover) and does not use either.
+// non-causal 461, 462 / 475, 475 (the d128 kernels use R237 of 240 either
+// way, so the third array leaves ptxas no slack). Above the bound: one
+// group, all element-wise work after it. d 256 splits S and dP between the
+// warpgroups (split_handover) and does not use either.
 constexpr int kBwdOverlapSdPSoftcapMaxD = 64;
 constexpr bool overlap_s_dp(bool softcap, int d) {
   return kBwdOverlapSdP && (!softcap || d <= kBwdOverlapSdPSoftcapMaxD);
@@ -172,9 +172,10 @@ struct DqTile {
   static constexpr bool kShortKeys = !kSplitD && kD > 128;  // whole rows at d = 256
   static constexpr int kBlockM = kSplitD ? 64 : 128;
   static constexpr int kBlockN = kShortKeys ? 32 : 64;
-  static constexpr int kStages = kShortKeys                   ? 3
-                                 : (!kSplitD && kBwdDeepRing) ? kBwdRingStagesDeep
-                                                              : kBwdRingStagesShallow;
+  // Whole rows at d = 256 take the deep ring whatever kBwdDeepRing says
+  // (three 32-key slots fit; the only depth measured).
+  static constexpr int kStages =
+      (kShortKeys || (!kSplitD && kBwdDeepRing)) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
   static constexpr int kColsPerWg = kSplitD ? kD / 2 : kD;  // dQ columns of one warpgroup
 };
 
