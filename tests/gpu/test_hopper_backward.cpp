@@ -7,11 +7,12 @@
 // and f16, padded strides, causal and not, d 64, 128 and 256 (the dK/dV
 // kernel splits d over the consumer warpgroups; the dQ kernel walks 32-key
 // tiles, so Tk not a multiple of 32 too), and sequences long enough to wrap
-// the Q/dO and K/V rings several times; for d <= 128 (fused dQ) also with
-// Options::deterministic = false (unordered adds); the dK/dV grid in groups
-// of pairs (GQATTN_HOPPER_DKDV_GROUP). Also: d = 256 is no longer refused. Every case
-// skips, saying why, where cuda-hopper's backward
-// cannot run (no device, not sm_90, no sm_90a code in the build).
+// the Q/dO and K/V rings several times; for d <= 128 both dQ paths, and
+// the fused one also with Options::deterministic = false (which cuda-hopper
+// runs with its ordered adds all the same); the dK/dV grid in groups of
+// pairs (GQATTN_HOPPER_DKDV_GROUP). Also: d = 256 is no longer refused.
+// Every case skips, saying why, where cuda-hopper's backward cannot run (no
+// device, not sm_90, no sm_90a code in the build).
 #include <gtest/gtest.h>
 
 #include <cstdint>
