@@ -163,6 +163,16 @@ __device__ __forceinline__ void dp_minus_d(float (&dp)[1][kNT][4], const float* 
     for (int e = 0; e < 4; ++e) dp[0][nt][e] -= dsum[stat_index<kRowsAreKeys>(nt, e, lane)];
 }
 
+// Under softcap, one score: s <- r = 1 / (e^(2 S pre) + 1), and returns
+// r - r^2, the factor of dP - D in dS / 4 (p_and_ds_factor says why).
+// k = kTwoLog2e * pre.
+constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
+__device__ __forceinline__ float to_softcap_r(float& s, float k) {
+  const float r = flash::softcap_r(s, k);
+  s = r;
+  return fmaf(-r, r, r);
+}
+
 // Given s = S and dp = dP - D of one step: s <- P, masked elements 0, and
 // dp <- the factor of P in dS = s o dp. Without softcap P = 2^(S mult -
 // lse2) and dp is left alone. Under softcap v = tanh(S pre) = 1 - 2r with
@@ -179,16 +189,11 @@ __device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&d
                                                 const flash::MaskPolicy& mask, int wg_row0,
                                                 int warp_row0, int col0, int lane) {
   if constexpr (kSoftcap) {
-    constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
     const float k = kTwoLog2e * score.pre;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float r = flash::softcap_r(s[0][nt][e], k);
-        dp[0][nt][e] *= fmaf(-r, r, r);
-        s[0][nt][e] = r;
-      }
+      for (int e = 0; e < 4; ++e) dp[0][nt][e] *= to_softcap_r(s[0][nt][e], k);
     p_from_scores<kRowsAreKeys>(s, lse2, -2.0f * score.mult, mask, wg_row0, warp_row0, col0, lane);
   } else {
     p_from_scores<kRowsAreKeys>(s, lse2, score.mult, mask, wg_row0, warp_row0, col0, lane);
@@ -216,17 +221,12 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
     // The S group has completed; dP (not read here) may still run.
     ptx::wgmma_wait<1>();
     ptx::pin(s[0]);
-    constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
     const float k = kTwoLog2e * score.pre;
     float factor[kNT][4];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float r = flash::softcap_r(s[0][nt][e], k);
-        factor[nt][e] = fmaf(-r, r, r);
-        s[0][nt][e] = r;
-      }
+      for (int e = 0; e < 4; ++e) factor[nt][e] = to_softcap_r(s[0][nt][e], k);
     p_from_scores<kRowsAreKeys>(s, lse2, -2.0f * score.mult, mask, wg_row0, warp_row0, col0, lane);
     ptx::wgmma_wait<0>();
     ptx::pin(dp[0]);
