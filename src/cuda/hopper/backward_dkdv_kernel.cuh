@@ -52,6 +52,9 @@
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_common.cuh"
+#include "cuda/hopper/backward_dkdv_split_grad.cuh"
+#include "cuda/hopper/backward_dkdv_split_keys.cuh"
+#include "cuda/hopper/backward_dkdv_work.cuh"
 #include "cuda/hopper/backward_dq_fused.cuh"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/backward_split_exchange.cuh"
@@ -62,53 +65,8 @@
 #include "cuda/hopper/ptx/warpgroup.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
 #include "cuda/hopper/ptx/wgmma_ops.cuh"
-#include "cuda/hopper/tile_order.hpp"
 
 namespace gqattn::hopper::bwd {
-
-// The work of one dK/dV CTA, computed identically by producer and consumers.
-struct DkdvWork {
-  int n_block;  // key tile index
-  int n0;       // first key of the tile
-  int b, hk;    // batch, kv head
-  int group;    // query heads per kv head
-  int first;    // first query tile visited
-  int num_m;    // query tiles visited per head
-  int steps;    // group * num_m, or 0
-  // Step t: query tile first + num_m - 1 - t / group (the last first), query
-  // head hk * group + t % group. Every key tile that visits a query tile
-  // from its last visited query tile on (no mask, causal: all of them)
-  // reaches (query tile, head) at the same step; under a window a higher
-  // key tile reaches it later. The fused dQ's add order relies on this.
-  __device__ int head(int t) const { return hk * group + t % group; }
-  __device__ int m0(int t, int block_m) const { return (first + num_m - 1 - t / group) * block_m; }
-};
-
-// Grid order (tile_order.hpp key_tile_id): key-tile major, the first key
-// tiles (most queries under a causal mask) first, in groups of group_pairs
-// (batch, kv head) pairs (0: one group of all). The fused dQ's ordered adds
-// make a key tile wait only for lower key tiles of its own (b, kv head),
-// which have lower block indices in every grouping, so they were dispatched
-// before it (in-order dispatch, as FA3's deterministic mode and CUTLASS's
-// stream-K assume): no wait can deadlock.
-template <int kBlockN, int kBlockM>
-__device__ __forceinline__ DkdvWork dkdv_work(const flash::BackwardParams& p,
-                                              const flash::MaskPolicy& mask, int group_pairs) {
-  DkdvWork w;
-  const int num_pairs = p.B * p.Hkv;
-  const KeyTileId id =
-      key_tile_id(p.B, p.Hkv, int(gridDim.x) / num_pairs, group_pairs, int(blockIdx.x));
-  w.n_block = id.n_block;
-  w.b = id.b;
-  w.hk = id.hk;
-  w.group = p.H / p.Hkv;
-  w.n0 = w.n_block * kBlockN;
-  const flash::BlockRange range = mask.query_blocks(w.n0, min(kBlockN, mask.tk - w.n0), kBlockM);
-  w.first = range.first;
-  w.num_m = range.last - range.first + 1;
-  w.steps = w.num_m > 0 ? w.group * w.num_m : 0;
-  return w;
-}
 
 // Run by exactly one thread of the CTA.
 template <int kD, bool kFusedDq>
@@ -367,7 +325,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       // This warpgroup's dS^T rows into the step's dS buffer, fenced for the
       // async proxy (wgmma) that reads it; once both warpgroups have written
       // theirs, dQ's wgmma may start.
-      store_ds_rows(ds_buf + wg_rows, dsa, warp, lane);
+      store_a_rows(ds_buf + wg_rows, dsa, warp, lane);
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(kDsReadyBarrier, kBwdConsumerWarpgroups * kWarpgroupThreads);
     }
@@ -468,7 +426,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     return;
   }
   ptx::setmaxnreg_inc<kBwdConsumerRegisters>();
-  dkdv_consume<kD, Elem, kSoftcap, kFusedDq>(p, w, mask, smem, smem_ptr, warpgroup - 1);
+  if constexpr (Tile::kSplitKeys) {
+    static_assert(!kFusedDq, "no fused dQ with the split along the keys");
+    dkdv_consume_split_keys<kD, Elem, kSoftcap>(p, w, mask, smem, smem_ptr, warpgroup - 1);
+  } else if constexpr (Tile::kSplitGradients) {
+    static_assert(!kFusedDq, "no fused dQ with the split by gradient");
+    dkdv_consume_split_grad<kD, Elem, kSoftcap>(p, w, mask, smem, smem_ptr, warpgroup - 1);
+  } else {
+    dkdv_consume<kD, Elem, kSoftcap, kFusedDq>(p, w, mask, smem, smem_ptr, warpgroup - 1);
+  }
 #else
   (void)p;
   __trap();  // no sm_90a code in this pass: never launched (see why_not)

@@ -92,6 +92,27 @@ constexpr bool split_handover(int d, bool softcap) {
   return split_d(d) && kBwdSplitHandover && softcap;
 }
 
+// How the two consumer warpgroups of the dK/dV kernel share a key tile at d
+// = 256 (dK and dV of 64 keys x 256 columns are 256 f32 registers per
+// thread, twice what one warpgroup can hold):
+// - kD: both own the same 64 keys and split d (columns [128 w, 128 w +
+//   128) of dK and dV); they trade S^T and dP^T (backward_split_exchange.cuh)
+//   every step, in lockstep;
+// - kKeys: FlashAttention-3's layout (backward_dkdv_split_keys.cuh): S and
+//   dP split along the keys, P and dS through shared memory as 16-bit
+//   tiles, dK^T and dV^T accumulated over d rows [128 w, 128 w + 128) from
+//   SS wgmma with both operands MN-major;
+// - kGradients (backward_dkdv_split_grad.cuh): warpgroup 0 owns dV (all
+//   256 columns), warpgroup 1 dK; 0 computes S^T and P^T, 1 dP^T, and 0
+//   hands its f32 P^T (under softcap times the factor of 1 - tanh^2) to 1,
+//   which needs it for dS^T. The hand-over goes one way, so warpgroup 0
+//   runs up to a step ahead and the two overlap each other's element-wise
+//   work; dV and dK are RS wgmma with N = 256 (the fewest shared-memory
+//   bytes per product of the three).
+enum class DkdvSplit { kNone, kD, kKeys, kGradients };
+constexpr DkdvSplit kBwdDkdvSplitD256 = DkdvSplit::kGradients;
+constexpr DkdvSplit dkdv_split(int d) { return split_d(d) ? kBwdDkdvSplitD256 : DkdvSplit::kNone; }
+
 // kBwdDkdvGroupMaxPairs: the dK/dV grid in tile_order.hpp's kv-grouped
 // order, the key tiles of a group of (batch, kv head) pairs in turn: the
 // CTAs running at one time then share the Q / dO of few pairs in L2, where
@@ -138,12 +159,16 @@ constexpr bool fused_dq_supported(int d) { return kBwdFusedDq && !split_d(d); }
 // registers (64 + 128 for d 128 and 256).
 template <int kD>
 struct DkdvTile {
-  static constexpr bool kSplitD = split_d(kD);
-  static constexpr int kBlockN = kSplitD ? 64 : 128;
+  static constexpr DkdvSplit kSplit = dkdv_split(kD);
+  static constexpr bool kSplitD = kSplit == DkdvSplit::kD;
+  static constexpr bool kSplitKeys = kSplit == DkdvSplit::kKeys;
+  static constexpr bool kSplitGradients = kSplit == DkdvSplit::kGradients;
+  static constexpr int kBlockN = split_d(kD) ? 64 : 128;
   static constexpr int kBlockM = 64;
   static constexpr int kStages =
-      (!kSplitD && kBwdDeepRing) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
-  static constexpr int kColsPerWg = kSplitD ? kD / 2 : kD;  // dK, dV columns of one warpgroup
+      (!split_d(kD) && kBwdDeepRing) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
+  // dK, dV columns of one warpgroup (split along the keys: rows of dK^T, dV^T)
+  static constexpr int kColsPerWg = kSplitD || kSplitKeys ? kD / 2 : kD;
   // Fused dQ: warpgroup w computes columns [w kDqCols, (w + 1) kDqCols) of
   // the step's 64 x d partial, over all kBlockN keys of the CTA.
   static constexpr bool kFusedDqSupported = fused_dq_supported(kD);
