@@ -123,32 +123,6 @@ __device__ __forceinline__ void ds_to_a(uint32_t (&a)[4], const float (&p)[kNT][
   a[3] = flash::pack2<Elem>(p1[2] * d1[2], p1[3] * d1[3]);
 }
 
-// Stores a warp's 16-bit A fragments `a` (k-step kk: n8 blocks 2kk, 2kk+1;
-// a[kk][j] holds row g + 8 (j & 1), columns 16 kk + 8 (j >> 1) + 2t, +1 of
-// the warp's 16 rows) into a tile of 128-byte rows (64 16-bit columns) with
-// the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), from
-// chunk `first_chunk` on (a warpgroup filling part of each row). The tile is
-// then an MN-major wgmma operand whose contiguous dimension runs along the
-// columns: dS^T of the fused dQ (rows keys, A of dQ = dS K), or P and dS of
-// the d = 256 dK/dV kernel (rows queries, B of dV^T += dO^T P). A warp's 32
-// stores of one (kk, j) hit 8 rows x 4 words in 8 different chunks: no bank
-// conflicts.
-template <int kSteps>
-__device__ __forceinline__ void store_a_rows(uint32_t rows, const uint32_t (&a)[kSteps][4],
-                                             int warp, int lane, uint32_t first_chunk = 0) {
-  static_assert(kSteps * kWgmmaK * kElemBytes <= kSwizzleBytes, "within one 128-byte row");
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t r = uint32_t(warp * 16 + g + 8 * (j & 1));
-      const uint32_t chunk = first_chunk + uint32_t(2 * kk + (j >> 1));
-      const uint32_t addr = rows + r * kSwizzleBytes + ((chunk ^ (r % 8)) << 4) + uint32_t(4 * t);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a[kk][j]) : "memory");
-    }
-}
-
 // Index into lse2 / dsum of accumulator element (nt, e): the column's
 // (kRowsAreKeys: the dK/dV kernel's S^T, dP^T, columns are queries; lse2,
 // dsum are the step slot's rows in shared memory) or the row's (dQ kernel:

@@ -53,7 +53,6 @@
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_common.cuh"
 #include "cuda/hopper/backward_dkdv_split_grad.cuh"
-#include "cuda/hopper/backward_dkdv_split_keys.cuh"
 #include "cuda/hopper/backward_dkdv_work.cuh"
 #include "cuda/hopper/backward_dq_fused.cuh"
 #include "cuda/hopper/backward_params.hpp"
@@ -325,7 +324,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       // This warpgroup's dS^T rows into the step's dS buffer, fenced for the
       // async proxy (wgmma) that reads it; once both warpgroups have written
       // theirs, dQ's wgmma may start.
-      store_a_rows(ds_buf + wg_rows, dsa, warp, lane);
+      store_ds_rows(ds_buf + wg_rows, dsa, warp, lane);
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(kDsReadyBarrier, kBwdConsumerWarpgroups * kWarpgroupThreads);
     }
@@ -426,10 +425,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     return;
   }
   ptx::setmaxnreg_inc<kBwdConsumerRegisters>();
-  if constexpr (Tile::kSplitKeys) {
-    static_assert(!kFusedDq, "no fused dQ with the split along the keys");
-    dkdv_consume_split_keys<kD, Elem, kSoftcap>(p, w, mask, smem, smem_ptr, warpgroup - 1);
-  } else if constexpr (Tile::kSplitGradients) {
+  if constexpr (Tile::kSplitGradients) {
     static_assert(!kFusedDq, "no fused dQ with the split by gradient");
     dkdv_consume_split_grad<kD, Elem, kSoftcap>(p, w, mask, smem, smem_ptr, warpgroup - 1);
   } else {

@@ -1,7 +1,7 @@
 // cuda-hopper: which key tile, kv head and batch one dK/dV CTA takes, and
 // which (query tile, query head) it visits at each step: computed the same
 // way by the producer, the fused dQ's writers and the consumers of
-// backward_dkdv_kernel.cuh (and backward_dkdv_split_keys.cuh), so all derive
+// backward_dkdv_kernel.cuh (and backward_dkdv_split_grad.cuh), so all derive
 // the same steps. Checked by tests/gpu/test_hopper_backward.cpp and, for the
 // grid order, tests/cpu/test_hopper_tile_order.cpp.
 #pragma once

@@ -1,5 +1,6 @@
-// cuda-hopper: the device helpers of the fused dQ (DkdvTile::kFusedDqSupported):
-// its barrier and back-off, and a warpgroup's f32 dQ partial into the staging
+// cuda-hopper: the device helpers of the fused dQ (DkdvTile::kFusedDqSupported): dS^T
+// from a consumer warpgroup's registers into the shared dS buffer that the
+// dQ = dS K wgmma reads, and a warpgroup's f32 dQ partial into the staging
 // buffer that one bulk reduce-add moves to the accumulator
 // (backward_params.hpp dq_accum_block; read back by backward_dq_convert.cuh).
 // Checked by tests/gpu/test_hopper_backward.cpp (dq against the f64 oracle,
@@ -19,6 +20,30 @@ constexpr uint32_t kDsReadyBarrier = ptx::kFirstNamedBarrier;
 
 // Back-off of the dQ writer while it waits for its turn to add.
 constexpr unsigned kDqSpinNs = 64;
+
+// Stores dS^T of one warpgroup (its 64 keys = rows of `rows`, 64 queries =
+// columns) from the 16-bit A fragments `a` (k-step kk: n8 blocks 2kk, 2kk+1;
+// a[kk][j] holds row g + 8 (j & 1), columns 16 kk + 8 (j >> 1) + 2t, +1 of
+// the warp's 16 rows) into 128-byte rows with the 128-byte swizzle (16-byte
+// chunk c of row r at chunk c ^ (r % 8)): the MN-major layout of dS as the
+// A operand of dQ = dS K (M = queries contiguous, K = keys along rows).
+// A warp's 32 stores of one (kk, j) hit 8 rows x 4 words in 8 different
+// chunks: no bank conflicts.
+template <int kSteps>
+__device__ __forceinline__ void store_ds_rows(uint32_t rows, const uint32_t (&a)[kSteps][4],
+                                              int warp, int lane) {
+  static_assert(kSteps * kWgmmaK * kElemBytes == kSwizzleBytes, "one 128-byte row of queries");
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t r = uint32_t(warp * 16 + g + 8 * (j & 1));
+      const uint32_t chunk = uint32_t(2 * kk + (j >> 1));
+      const uint32_t addr = rows + r * kSwizzleBytes + ((chunk ^ (r % 8)) << 4) + uint32_t(4 * t);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a[kk][j]) : "memory");
+    }
+}
 
 // Stores a warpgroup's dQ partial (wgmma accumulator, kCols columns) to
 // `dst`: n8 block c of thread i at float4 c * 128 + i (contiguous per warp).

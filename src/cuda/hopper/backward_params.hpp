@@ -116,22 +116,15 @@ struct DkdvSmem {
   static constexpr uint32_t kDs = kDo + Tile::kStages * kQBytes;  // buffer i: + i kDsBytes
   static constexpr uint32_t kDqStage = kDs + 2 * kDsBytes;
   // Split over d: the S^T / dP^T exchange of the two consumer warpgroups
-  // (backward_split_exchange.cuh), one buffer per warpgroup.
-  // Split by gradient: warpgroup 0's P^T for warpgroup 1, two buffers
+  // (backward_split_exchange.cuh), one buffer per warpgroup; split by
+  // gradient: warpgroup 0's hand-over of P^T to warpgroup 1, two buffers
   // (alternate steps) of the same size.
   static constexpr uint32_t kXchgBytes =
       Tile::kSplitD || Tile::kSplitGradients
           ? uint32_t(kWarpgroupThreads) * Tile::kBlockM / 2 * sizeof(float)
           : 0u;
   static constexpr uint32_t kXchg = kDqStage + kDqStageBytes;  // warpgroup w: + w kXchgBytes
-  // Split along the keys (d = 256): P and dS of a step as 16-bit [kBlockM
-  // queries][kBlockN keys] tiles, two steps' worth (one warpgroup may still
-  // read step t's while the other writes step t + 1's): buffer i holds P at
-  // kPds + 2 i kPdsBytes and dS one kPdsBytes further.
-  static constexpr uint32_t kPdsBytes =
-      Tile::kSplitKeys ? uint32_t(Tile::kBlockM) * Tile::kBlockN * kElemBytes : 0u;
-  static constexpr uint32_t kPds = kXchg + 2 * kXchgBytes;
-  static constexpr uint32_t kLse2 = kPds + 4 * kPdsBytes;  // stage s: + s * kRowBytes
+  static constexpr uint32_t kLse2 = kXchg + 2 * kXchgBytes;    // stage s: + s * kRowBytes
   static constexpr uint32_t kDsum = kLse2 + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarriers = kDsum + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarrierBytes = 8;
@@ -154,7 +147,6 @@ struct DkdvSmem {
   static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
   static_assert(kAllocBytes <= kBwdMaxSmemBytes, "dK/dV tiles exceed shared memory");
   static_assert(kDsBytes % kSwizzleAtomBytes == 0, "dS buffers start on 1024-byte boundaries");
-  static_assert(kPdsBytes % kSwizzleAtomBytes == 0, "P, dS tiles start on 1024-byte boundaries");
 };
 
 // Fused dQ: the accumulator's block of (b, h, query tile m) starts at float

@@ -50,8 +50,8 @@ constexpr int kBwdRingStagesShallow = 2;
 // recomputes S and dP (seven GEMMs in all). Deterministic: the adds into
 // one query tile are ordered by a semaphore, lowest key tile first
 // (backward_dkdv_kernel.cuh). d = 256 keeps
-// the separate kernel (its dK, dV halves leave no registers for a dQ
-// accumulator). Off: the separate dQ kernel for every d (and the fused
+// the separate kernel (its dK or dV of 256 columns leaves no registers for
+// a dQ accumulator). Off: the separate dQ kernel for every d (and the fused
 // kernels are not compiled).
 constexpr bool kBwdFusedDq = true;
 // Fused dQ: threads of the producer warpgroup that move the staged partials
@@ -62,11 +62,12 @@ constexpr bool kBwdFusedDq = true;
 // writer does every step.
 constexpr int kDqWriters = 2;
 
-// d = 256 in the dK/dV kernel (and in the dQ kernel with
-// kBwdDqWholeRowsD256 off): dK and dV of 64 rows would need 2 x 128 f32
-// registers per thread, so both consumer warpgroups own the SAME 64 rows and
-// split d:
-// warpgroup w accumulates columns [128 w, 128 w + 128). Both need all of
+// d = 256: one consumer warpgroup cannot hold dK and dV of 64 rows (2 x 128
+// f32 registers per thread); split_d(d) says the two share each tile, the
+// dK/dV kernel as kBwdDkdvSplitD256 says (below). The split over d (the dK/dV
+// kernel with kBwdDkdvSplitD256 = kD, the dQ kernel with
+// kBwdDqWholeRowsD256 off): both consumer warpgroups own the SAME 64 rows,
+// warpgroup w accumulating columns [128 w, 128 w + 128). Both need all of
 // P and dS of those rows, which they trade (kBwdSplitExchange and
 // kBwdSplitHandover, below); with a switch off, each warpgroup computes both
 // S and dP (identical bits in both; 1/3 of the GEMM work redundant).
@@ -95,21 +96,27 @@ constexpr bool split_handover(int d, bool softcap) {
 // How the two consumer warpgroups of the dK/dV kernel share a key tile at d
 // = 256 (dK and dV of 64 keys x 256 columns are 256 f32 registers per
 // thread, twice what one warpgroup can hold):
-// - kD: both own the same 64 keys and split d (columns [128 w, 128 w +
-//   128) of dK and dV); they trade S^T and dP^T (backward_split_exchange.cuh)
-//   every step, in lockstep;
-// - kKeys: FlashAttention-3's layout (backward_dkdv_split_keys.cuh): S and
-//   dP split along the keys, P and dS through shared memory as 16-bit
-//   tiles, dK^T and dV^T accumulated over d rows [128 w, 128 w + 128) from
-//   SS wgmma with both operands MN-major;
 // - kGradients (backward_dkdv_split_grad.cuh): warpgroup 0 owns dV (all
 //   256 columns), warpgroup 1 dK; 0 computes S^T and P^T, 1 dP^T, and 0
 //   hands its f32 P^T (under softcap times the factor of 1 - tanh^2) to 1,
 //   which needs it for dS^T. The hand-over goes one way, so warpgroup 0
-//   runs up to a step ahead and the two overlap each other's element-wise
-//   work; dV and dK are RS wgmma with N = 256 (the fewest shared-memory
-//   bytes per product of the three).
-enum class DkdvSplit { kNone, kD, kKeys, kGradients };
+//   runs up to a step ahead and the two fill the tensor pipe during each
+//   other's element-wise work; dV and dK are RS wgmma with N = 256, the
+//   fewest shared-memory bytes per product of the layouts tried;
+// - kD: both own the same 64 keys and split d (columns [128 w, 128 w +
+//   128) of dK and dV); they trade S^T and dP^T every step
+//   (backward_split_exchange.cuh), in lockstep.
+// Measured on the H200 (bwd TFLOP/s, one call, gradients / d / gradients
+// again): d256 causal B4 T4k H16/8 428.8 / 385.8 / 401.7; non-causal
+// 412.7 / 397.1 / 411.9; causal window 4096 softcap 50 B2 T8k 375.7 /
+// 368.2 / 376.3; causal B16 T1k 276.5 / 281.5 / 284.6. Nsight Compute, d256
+// causal: the dK/dV kernel takes 1.69 ms split by gradient, 1.88 ms with
+// FlashAttention-3's layout (S and dP split along the keys, P and dS through
+// shared memory, dK^T and dV^T from SS wgmma: commit 3a66198, removed
+// after it measured slowest, 377 / 393 / 356 / 262 in the same call; its
+// m64n32 and SS m64n64 wgmmas read more shared memory per product, 83% of
+// the shared-memory pipe's peak against 65% split by gradient).
+enum class DkdvSplit { kNone, kD, kGradients };
 constexpr DkdvSplit kBwdDkdvSplitD256 = DkdvSplit::kGradients;
 constexpr DkdvSplit dkdv_split(int d) { return split_d(d) ? kBwdDkdvSplitD256 : DkdvSplit::kNone; }
 
@@ -161,14 +168,12 @@ template <int kD>
 struct DkdvTile {
   static constexpr DkdvSplit kSplit = dkdv_split(kD);
   static constexpr bool kSplitD = kSplit == DkdvSplit::kD;
-  static constexpr bool kSplitKeys = kSplit == DkdvSplit::kKeys;
   static constexpr bool kSplitGradients = kSplit == DkdvSplit::kGradients;
   static constexpr int kBlockN = split_d(kD) ? 64 : 128;
   static constexpr int kBlockM = 64;
   static constexpr int kStages =
       (!split_d(kD) && kBwdDeepRing) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
-  // dK, dV columns of one warpgroup (split along the keys: rows of dK^T, dV^T)
-  static constexpr int kColsPerWg = kSplitD || kSplitKeys ? kD / 2 : kD;
+  static constexpr int kColsPerWg = kSplitD ? kD / 2 : kD;  // dK, dV columns of one warpgroup
   // Fused dQ: warpgroup w computes columns [w kDqCols, (w + 1) kDqCols) of
   // the step's 64 x d partial, over all kBlockN keys of the CTA.
   static constexpr bool kFusedDqSupported = fused_dq_supported(kD);
