@@ -5,7 +5,8 @@
 // Hkv = 1 and H / Hkv in {1, 2, 4, 8, 32}, windows 1, 64 and >= T, softcap 30
 // with large logits, rows with no kept key, key tiles no query sees, bf16
 // and f16, padded strides, causal and not, d 64, 128 and 256 (the dK/dV
-// kernel splits d over the consumer warpgroups; the dQ kernel walks 32-key
+// kernel splits the work by gradient, one consumer warpgroup handing P^T to
+// the other every step, so one step and many; the dQ kernel walks 32-key
 // tiles, so Tk not a multiple of 32 too), and sequences long enough to wrap
 // the Q/dO and K/V rings several times; for d <= 128 both dQ paths, and
 // the fused one also with Options::deterministic = false (which cuda-hopper
@@ -90,8 +91,9 @@ std::vector<BackwardCase> cases() {
       make("T129_causal_d64_f16", 1, 129, 129, 4, 2, 64, true, 0, 0.0f, f16),
       make("T100_causal_d64_padded", 1, 100, 100, 4, 1, 64, true, 0, 0.0f, bf16, true),
       make("T900_causal_d64", 1, 900, 900, 2, 1, 64, true),
-      // d = 256: in the dK/dV kernel both consumer warpgroups share 64 keys
-      // and split d; the dQ kernel keeps whole rows over 32-key tiles.
+      // d = 256: in the dK/dV kernel both consumer warpgroups share 64 keys,
+      // one forming dV and handing P^T to the other, which forms dK; the dQ
+      // kernel keeps whole rows over 32-key tiles.
       make("T1_d256", 1, 1, 1, 2, 1, 256, false),
       make("T1_causal_d256_mha", 2, 1, 1, 2, 2, 256, true),
       make("T64_d256", 1, 64, 64, 1, 1, 256, false),
@@ -108,8 +110,9 @@ std::vector<BackwardCase> cases() {
       make("Tq70_Tk400_causal_window40_d256_unseen_keys", 1, 70, 400, 2, 1, 256, true, 40),
       large_logits(make("T160_causal_softcap30_d256", 1, 160, 160, 4, 2, 256, true, 0, 30.0f)),
       make("T150_softcap30_d256", 1, 150, 150, 2, 1, 256, false, 0, 30.0f),
-      // d = 256 under softcap: the handover (backward_split_exchange.cuh) on
-      // one step, on rows with no key, windowed f16 with Tq != Tk, padded MQA.
+      // d = 256 under softcap (the hand-over carries P^T times the softcap
+      // factor) on one step, on rows with no key, windowed f16 with Tq !=
+      // Tk, padded MQA.
       make("T1_softcap30_d256", 1, 1, 1, 2, 1, 256, false, 0, 30.0f),
       make("Tq200_Tk37_causal_softcap30_d256_empty_rows", 1, 200, 37, 2, 2, 256, true, 0, 30.0f),
       large_logits(make("Tq90_Tk300_causal_window64_softcap50_d256_f16", 1, 90, 300, 4, 1, 256,

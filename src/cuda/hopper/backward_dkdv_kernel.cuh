@@ -13,10 +13,9 @@
 //     (dkdv_write_dq: the first key tile stores, the others reduce-add,
 //     in an order fixed by semaphores);
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each (d 256: the
-//     same 64 keys, half of d each; one computes S^T, the other dP^T, and
-//     they trade them, under softcap as dP^T - D one way and the A
-//     fragments of P^T and dS^T the other: backward_split_exchange.cuh),
-//     per step
+//     same 64 keys, one forming dV and the other dK,
+//     backward_dkdv_split_grad.cuh; or, kBwdDkdvSplitD256 = kD, half of d
+//     each, trading S^T and dP^T: backward_split_exchange.cuh), per step
 //     S^T = K Q^T, dP^T = V dO^T        (wgmma SS, N = 64 queries)
 //     P^T = 2^(v * mult - lse2)          (masked elements 0)
 //     dS^T = P^T o (dP^T - D) [o (1 - v^2) under softcap, v before masking]

@@ -25,7 +25,14 @@
 //   free[b]  warpgroup 1 has read buffer b: it arrives after its read of
 //            step t when step t + 2 exists, and warpgroup 0 syncs before
 //            writing step t + 2 into the same buffer.
-// Every phase has 128 + 128 threads and none is left open at exit.
+// Every phase has 128 + 128 threads and none is left open at exit. An
+// arriving thread's earlier shared-memory accesses are performed relative
+// to the barrier's participants once it completes (PTX ISA, barrier.cta:
+// the same for .arrive as for .sync, with a producer / consumer example of
+// exactly this shape); the writer must not wait, or warpgroup 0 could not
+// run ahead. compute-sanitizer racecheck (two d256 cases, one under
+// softcap, 2026-12-01) reports no hazard on the hand-over, only its known
+// artefact on the lse2 / D bulk copies (docs/hopper.md Backward TODO 7).
 #pragma once
 
 #include <cstdint>

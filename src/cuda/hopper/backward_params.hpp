@@ -88,8 +88,8 @@ static_assert(kWarpgroupThreads * kBwdProducerRegisters +
                   65536,
               "register split exceeds the register file");
 
-// Head dimensions with a backward here (d = 256 splits d over the two
-// consumer warpgroups: backward_tile_sizes.hpp).
+// Head dimensions with a backward here (at d = 256 the two consumer
+// warpgroups share each tile: backward_tile_sizes.hpp, split_d).
 constexpr bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
 // Byte offsets from a 1024-byte aligned base; every tile is d/64 column

@@ -160,10 +160,11 @@ constexpr int dkdv_group_pairs(int num_pairs, int key_tiles, int sms,
 constexpr bool fused_dq_supported(int d) { return kBwdFusedDq && !split_d(d); }
 
 // dK/dV: kBlockN keys per CTA (64 per consumer warpgroup, or 64 shared by
-// both when split over d), query tiles of kBlockM rows (the N of
-// S^T = K Q^T and the K of dV += P^T dO), kStages slots of Q, dO, lse2, D.
-// Per consumer thread: S^T, dP^T 2 x kBlockM/2, dK, dV 2 x kColsPerWg/2 f32
-// registers (64 + 128 for d 128 and 256).
+// both at d = 256), query tiles of kBlockM rows (the N of S^T = K Q^T and
+// the K of dV += P^T dO), kStages slots of Q, dO, lse2, D. Per consumer
+// thread: S^T, dP^T 2 x kBlockM/2, dK, dV 2 x kColsPerWg/2 f32 registers
+// (64 + 128 for d 128; at d 256 split by gradient one of S^T, dP^T and one
+// of dK, dV of 256 columns: 32 + 128).
 template <int kD>
 struct DkdvTile {
   static constexpr DkdvSplit kSplit = dkdv_split(kD);

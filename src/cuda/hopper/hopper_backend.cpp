@@ -177,7 +177,7 @@ class CudaHopperBackend final : public BackendImpl {
     }
   }
 
-  // d in {64, 128, 256} (d = 256 splits d over the consumer warpgroups).
+  // d in {64, 128, 256} (at d = 256 the consumer warpgroups share a tile).
   std::string why_not_backward(const Problem& p, DType dtype, Device device) const override {
     const std::string r = why_not(p, dtype, device);
     if (!r.empty()) return r;
