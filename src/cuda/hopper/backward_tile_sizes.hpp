@@ -116,6 +116,7 @@ constexpr bool split_handover(int d, bool softcap) {
 // after it measured slowest, 377 / 393 / 356 / 262 in the same call; its
 // m64n32 and SS m64n64 wgmmas read more shared memory per product, 83% of
 // the shared-memory pipe's peak against 65% split by gradient).
+// (kNone: d <= 128, where each consumer warpgroup owns 64 keys of its own.)
 enum class DkdvSplit { kNone, kD, kGradients };
 constexpr DkdvSplit kBwdDkdvSplitD256 = DkdvSplit::kGradients;
 constexpr DkdvSplit dkdv_split(int d) { return split_d(d) ? kBwdDkdvSplitD256 : DkdvSplit::kNone; }
