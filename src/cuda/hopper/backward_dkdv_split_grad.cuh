@@ -135,10 +135,7 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
         float h[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) h[e] = kSoftcap ? x[0][nt][e] * factor[nt][e] : x[0][nt][e];
-        asm volatile(
-            "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(xchg_group_addr(buffer, nt)),
-            "f"(h[0]), "f"(h[1]), "f"(h[2]), "f"(h[3])
-            : "memory");
+        store_group_f32(xchg_group_addr(buffer, nt), h);
       }
       ptx::named_barrier_arrive(kGradSentBarrier + uint32_t(t & 1), kThreads);
 #pragma unroll
@@ -151,10 +148,7 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
         float h[4];
-        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=f"(h[0]), "=f"(h[1]), "=f"(h[2]), "=f"(h[3])
-                     : "r"(xchg_group_addr(buffer, nt))
-                     : "memory");
+        load_group_f32(xchg_group_addr(buffer, nt), h);
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[0][nt][e] *= h[e];
       }

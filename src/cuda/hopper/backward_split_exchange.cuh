@@ -62,6 +62,19 @@ __device__ __forceinline__ uint32_t xchg_group_addr(uint32_t buffer, int j) {
                       kXchgGroupBytes;
 }
 
+// One 16-byte group of four floats to / from shared address `addr`.
+__device__ __forceinline__ void store_group_f32(uint32_t addr, const float (&v)[4]) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]),
+               "f"(v[2]), "f"(v[3])
+               : "memory");
+}
+__device__ __forceinline__ void load_group_f32(uint32_t addr, float (&v)[4]) {
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "r"(addr)
+               : "memory");
+}
+
 // Hands `mine` (warpgroup wg's product of step t of `steps`) to the other
 // warpgroup and returns its product in `theirs`. `xchg` is the shared
 // address of buffer 0 (buffer w at + w * bytes).
@@ -76,18 +89,10 @@ __device__ __forceinline__ void exchange_with_other_warpgroup(uint32_t xchg, int
   // Buffer `own` is free once the other warpgroup has read step t - 1's.
   if (t > 0) ptx::named_barrier_sync(kXchgFreeBarrier + uint32_t(wg), kXchgThreads);
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(xchg_group_addr(own, nt)),
-                 "f"(mine[0][nt][0]), "f"(mine[0][nt][1]), "f"(mine[0][nt][2]), "f"(mine[0][nt][3])
-                 : "memory");
+  for (int nt = 0; nt < kNT; ++nt) store_group_f32(xchg_group_addr(own, nt), mine[0][nt]);
   ptx::named_barrier_sync(kXchgReadyBarrier, kXchgThreads);
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(theirs[0][nt][0]), "=f"(theirs[0][nt][1]), "=f"(theirs[0][nt][2]),
-                   "=f"(theirs[0][nt][3])
-                 : "r"(xchg_group_addr(other, nt))
-                 : "memory");
+  for (int nt = 0; nt < kNT; ++nt) load_group_f32(xchg_group_addr(other, nt), theirs[0][nt]);
   if (t + 1 < steps) ptx::named_barrier_arrive(kXchgFreeBarrier + uint32_t(1 - wg), kXchgThreads);
 }
 
