@@ -17,7 +17,7 @@ torch backends are spot-checked against an f32 reference so a
 fast-but-wrong result is not reported.
 
 usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]
-                                    [--rounds N] [--shapes all|core] [--match TEXT]
+                                    [--sustained SECONDS] [--rounds N] [--shapes all|core] [--match TEXT]
                                     [--ours-only | --torch-only] [--ours BACKEND[:nondet],...]
 
 --rounds N repeats the whole measurement (ours on every shape, then the
@@ -35,13 +35,27 @@ of docs/performance.md are full runs.
 While it runs, nvidia-smi samples the GPU's SM clock and power draw every
 50 ms (where nvidia-smi exists; nothing else changes if it does not). Each
 record gets the mean over the samples inside its timed calls (fwd_sm_mhz,
-fwd_power_w, bwd_sm_mhz, bwd_power_w), and a second table prints the SM
-clock during each backend's backward: under the H200's power cap a long
+fwd_power_w, bwd_sm_mhz, bwd_power_w), and two more tables print each
+backend's SM clock and power during its forward and its backward calls: under the H200's power cap a long
 backward runs at lower clocks back to back than after a pause (2026-12-01,
 docs/performance.md), and this shows by how much, per backend, in the same
 run. The power is nvidia-smi's power.draw.instant where the driver has
 it, else power.draw (averaged over about a second: a rough figure). GPU 0
 as nvidia-smi numbers them; not under --torch-only.
+
+Energy per FLOP: each record with a clock sample also gets fwd/bwd_pj_per_flop,
+the mean power over its timed calls divided by its TFLOP/s (W per TFLOP/s is
+pJ per FLOP), and the clock table prints it. Under the H200's 700 W cap
+two backends that both run at the cap are as fast as their energy per FLOP
+allows, whatever their speed at full clock.
+
+--sustained SECONDS raises every shape's repeats so that each backend's
+timed forward calls last about SECONDS back to back (estimated at
+SUSTAINED_EST_TFLOPS; the backward's 2.5x longer), long enough for the
+power cap to settle: the regime of training, which the default 30 calls
+(a few milliseconds to 0.3 s, partly before the cap reacts) do not reach
+on every shape. 2026-12-01 (docs/performance.md, twentieth session): the
+T16k forward reads 589-673 TFLOP/s in 30-call bursts and 604 sustained.
 
 --ours lists the gqattn backends to time (default cuda-flash); an entry
 BACKEND:nondet runs gqattn_bench --nondeterministic (Options::deterministic
@@ -66,6 +80,7 @@ MAX_SETS = 16
 INPUT_MEAN = 0.5
 WARMUP = 5
 BWD_FACTOR = 2.5
+SUSTAINED_EST_TFLOPS = 500.0  # --sustained's guess of a forward's speed, for its repeats
 REF_ROWS = 64          # query rows of the f32 spot check
 REF_MAX_REL_ERR = 2e-2  # a backend above this is reported as wrong, not timed
 
@@ -159,13 +174,26 @@ class ClockSampler:
 
 def annotate_clocks(results, sampler):
     """Adds fwd/bwd_sm_mhz and fwd/bwd_power_w to every record whose timed
-    calls' span (fwd_wall_s / bwd_wall_s) holds samples."""
+    calls' span (fwd_wall_s / bwd_wall_s) holds samples, and where it has
+    the TFLOP/s, fwd/bwd_pj_per_flop (W / TFLOP/s)."""
     for rec in results:
         for short in ("fwd", "bwd"):
             span = rec.get(f"{short}_wall_s")
             got = sampler.mean(*span) if span else None
             if got:
                 rec[f"{short}_sm_mhz"], rec[f"{short}_power_w"] = round(got[0]), round(got[1], 1)
+                if rec.get(f"{short}_tflops"):
+                    rec[f"{short}_pj_per_flop"] = round(got[1] / rec[f"{short}_tflops"], 4)
+
+
+def repeats_for(cfg, repeats, sustained_s):
+    """Timed calls per backend on cfg: `repeats`, or under --sustained enough
+    forward calls for about sustained_s seconds at SUSTAINED_EST_TFLOPS."""
+    if sustained_s <= 0:
+        return repeats
+    B, T, H, Hkv, d, causal, window, softcap = cfg
+    call_s = 4.0 * d * H * B * kept_pairs(T, T, causal, window) / (SUSTAINED_EST_TFLOPS * 1e12)
+    return max(repeats, math.ceil(sustained_s / call_s))
 
 
 def kept_pairs(Tq, Tk, causal, window):
@@ -219,7 +247,8 @@ def run_ours(bench, cfg, repeats, backend, deterministic=True):
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
-def torch_side(cfgs, repeats, results):
+def torch_side(cfgs, repeats_of, results):
+    """PyTorch's backends on every shape; repeats_of(cfg): the timed calls."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -231,7 +260,7 @@ def torch_side(cfgs, repeats, results):
         torch._dynamo.config.recompile_limit = 256
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
 
-    def median_ms(fn, sets):
+    def median_ms(fn, sets, repeats):
         for i in range(WARMUP):
             fn(sets[i % len(sets)])
         start = torch.cuda.Event(enable_timing=True)
@@ -331,7 +360,7 @@ def torch_side(cfgs, repeats, results):
                 if not err < REF_MAX_REL_ERR:
                     raise RuntimeError(f"wrong result: relative error {err:.2e}")
                 wall = time.time()
-                fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets)
+                fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets, repeats_of(cfg))
                 rec["fwd_wall_s"] = [wall, time.time()]
                 rec["fwd_ms"], rec["fwd_tflops"] = fwd_ms, fl / fwd_ms / 1e9
                 for s in sets:
@@ -341,7 +370,7 @@ def torch_side(cfgs, repeats, results):
                     s[0].grad = s[1].grad = s[2].grad = None
                     s[4].backward(s[3], retain_graph=True)
                 wall = time.time()
-                bwd_ms = median_ms(bwd, sets)
+                bwd_ms = median_ms(bwd, sets, repeats_of(cfg))
                 rec["bwd_wall_s"] = [wall, time.time()]
                 rec["bwd_ms"], rec["bwd_tflops"] = bwd_ms, BWD_FACTOR * fl / bwd_ms / 1e9
                 del sets
@@ -360,6 +389,9 @@ def main():
     ap.add_argument("--bench", help="path of gqattn_bench (default: newest build/*/bench/)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                    help="time each backend's calls back to back for about this long "
+                         "(the power-capped regime); 0: --repeats calls")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure everything this many times; report medians and ranges")
     ap.add_argument("--shapes", choices=["all", "core"], default="all")
@@ -378,6 +410,8 @@ def main():
     if not cfgs:
         ap.error(f"--match {args.match!r}: no standard shape's label contains it")
 
+    if args.sustained < 0:
+        ap.error("--sustained must not be negative")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     if args.ours_only and args.torch_only:
@@ -398,7 +432,8 @@ def main():
         if bench is not None:
             for cfg in cfgs:
                 for backend, deterministic in ours_entries:
-                    rec = run_ours(bench, cfg, args.repeats, backend, deterministic)
+                    rec = run_ours(bench, cfg, repeats_for(cfg, args.repeats, args.sustained),
+                                   backend, deterministic)
                     rec["backend"] = ("gqattn:" + rec.get("backend", backend) +
                                       ("" if deterministic else ":" + NONDET))
                     rec["deterministic"] = deterministic
@@ -409,7 +444,7 @@ def main():
                           f"bwd {rec.get('bwd_tflops', float('nan')):7.1f} "
                           f"{rec.get('error', '')}", flush=True)
         if not args.ours_only:
-            torch_side(cfgs, args.repeats, results)
+            torch_side(cfgs, lambda c: repeats_for(c, args.repeats, args.sustained), results)
         for rec in results[first:]:
             rec["round"] = round_index
     sampler.stop()
@@ -428,28 +463,31 @@ METRICS = ("fwd_tflops", "bwd_tflops")
 
 
 def print_clocks(cfgs, results, power_field=None):
-    """One row per shape: each backend's mean SM clock (MHz) and power (W,
-    nvidia-smi's power_field) during its timed backward calls, median over
-    the rounds."""
-    names = []
-    for r in results:
-        if r["backend"] not in names and "bwd_sm_mhz" in r:
-            names.append(r["backend"])
-    if not names:
-        return
-    print("\nSM clock MHz / power W during the timed backward calls "
-          f"(nvidia-smi clocks.sm / {power_field}, 50 ms samples)")
-    print(f"{'shape':40s} " + " ".join(f"{n:>18s}" for n in names))
-    for cfg in cfgs:
-        key = shape_key(cfg)
-        cells = []
-        for n in names:
-            recs = [r for r in results if r["shape"] == key and r["backend"] == n
-                    and "bwd_sm_mhz" in r]
-            cells.append(f"{statistics.median(r['bwd_sm_mhz'] for r in recs):6.0f} / "
-                         f"{statistics.median(r['bwd_power_w'] for r in recs):5.0f}"
-                         if recs else "-")
-        print(f"{key:40s} " + " ".join(f"{c:>18s}" for c in cells))
+    """Per direction, one row per shape: each backend's mean SM clock (MHz),
+    power (W, nvidia-smi's power_field) and energy per FLOP (pJ) during its
+    timed calls, medians over the rounds."""
+    for short, what in (("fwd", "forward"), ("bwd", "backward")):
+        names = []
+        for r in results:
+            if r["backend"] not in names and f"{short}_sm_mhz" in r:
+                names.append(r["backend"])
+        if not names:
+            continue
+        print(f"\nSM clock MHz / power W / pJ per FLOP during the timed {what} calls "
+              f"(nvidia-smi clocks.sm / {power_field}, 50 ms samples)")
+        print(f"{'shape':40s} " + " ".join(f"{n:>22s}" for n in names))
+        for cfg in cfgs:
+            key = shape_key(cfg)
+            cells = []
+            for n in names:
+                recs = [r for r in results if r["shape"] == key and r["backend"] == n
+                        and f"{short}_sm_mhz" in r]
+                pj = [r[f"{short}_pj_per_flop"] for r in recs if f"{short}_pj_per_flop" in r]
+                cells.append(f"{statistics.median(r[f'{short}_sm_mhz'] for r in recs):5.0f} / "
+                             f"{statistics.median(r[f'{short}_power_w'] for r in recs):4.0f} / "
+                             + (f"{statistics.median(pj):5.3f}" if pj else "  -  ")
+                             if recs else "-")
+            print(f"{key:40s} " + " ".join(f"{c:>22s}" for c in cells))
 
 
 def ratio_of(records, others, ours_det, key):

@@ -68,6 +68,26 @@ def test_annotate_adds_clocks_where_samples_fall_in_the_timed_calls():
     assert set(recs[2]) == {"backend", "error"}
 
 
+def test_annotate_adds_energy_per_flop_as_watts_over_tflops():
+    s = sampler_with([(10.0, 1700.0, 690.0)])
+    recs = [dict(backend="a", fwd_wall_s=[9.5, 10.5], fwd_tflops=600.0),
+            dict(backend="b", fwd_wall_s=[9.5, 10.5], error="exit 1")]  # no TFLOP/s
+    sbs.annotate_clocks(recs, s)
+    assert recs[0]["fwd_pj_per_flop"] == pytest.approx(1.15)
+    assert "fwd_pj_per_flop" not in recs[1] and recs[1]["fwd_power_w"] == 690.0
+
+
+def test_sustained_repeats_cover_the_seconds_asked_for():
+    cfg = (1, 16384, 32, 8, 128, True, 0, 0.0)
+    assert sbs.repeats_for(cfg, 30, 0) == 30
+    flops = 4.0 * 128 * 32 * sbs.kept_pairs(16384, 16384, True, 0)
+    n = sbs.repeats_for(cfg, 30, 3.0)
+    call_s = flops / (sbs.SUSTAINED_EST_TFLOPS * 1e12)
+    assert n * call_s >= 3.0 > (n - 1) * call_s
+    # Never fewer than --repeats, however short the time.
+    assert sbs.repeats_for(cfg, 30, 1e-6) == 30
+
+
 def test_a_disabled_sampler_starts_nothing_and_yields_nothing():
     s = sbs.ClockSampler(enabled=False)
     s.stop()
