@@ -36,8 +36,8 @@ While it runs, nvidia-smi samples the GPU's SM clock and power draw every
 50 ms (where nvidia-smi exists; nothing else changes if it does not). Each
 record gets the mean over the samples inside its timed calls (fwd_sm_mhz,
 fwd_power_w, bwd_sm_mhz, bwd_power_w), and two more tables print each
-backend's SM clock and power during its forward and its backward calls: under the H200's power cap a long
-backward runs at lower clocks back to back than after a pause (2026-12-01,
+backend's SM clock and power during its forward and its backward calls:
+under the H200's power cap a long backward runs at lower clocks back to back than after a pause (2026-12-01,
 docs/performance.md), and this shows by how much, per backend, in the same
 run. The power is nvidia-smi's power.draw.instant where the driver has
 it, else power.draw (averaged over about a second: a rough figure). GPU 0
@@ -45,9 +45,12 @@ as nvidia-smi numbers them; not under --torch-only.
 
 Energy per FLOP: each record with a clock sample also gets fwd/bwd_pj_per_flop,
 the mean power over its timed calls divided by its TFLOP/s (W per TFLOP/s is
-pJ per FLOP), and the clock table prints it. Under the H200's 700 W cap
+pJ per FLOP), and the clock tables print it. Under the H200's 700 W cap
 two backends that both run at the cap are as fast as their energy per FLOP
-allows, whatever their speed at full clock.
+allows, whatever their speed at full clock. A rough figure: the samples
+are instantaneous readings 50 ms apart (cuDNN's T16k forward read 1.17 and
+0.91 pJ in two runs at the same TFLOP/s); the TFLOP/s at the cap are the
+firm comparison.
 
 --sustained SECONDS raises every shape's repeats so that each backend's
 timed forward calls last about SECONDS back to back (estimated at
@@ -455,7 +458,8 @@ def main():
     path = os.path.join(args.out, "side_by_side.json")
     with open(path, "w") as fh:
         json.dump(dict(results=results, medians=medians, table=table,
-                       power_field=sampler.power_field), fh, indent=1)
+                       power_field=sampler.power_field, sustained_s=args.sustained), fh,
+                  indent=1)
     print(f"\nwrote {path}")
 
 
