@@ -31,6 +31,15 @@
 // "fwd_wall_s" / "bwd_wall_s": [start, end] in seconds since the epoch, so
 // a clock sampler running beside the bench (side_by_side.py's) can tell
 // the SM clock and power during them.
+// Where NVML's energy counter answers (nvml_energy.hpp), each pass also
+// gives "fwd_nvml_joules" / "bwd_nvml_joules", the counter's difference over
+// its timed calls (idle gaps included: host syncs, --idle-ms), and
+// "fwd_nvml_pj_per_flop" / "bwd_nvml_pj_per_flop", those joules over the
+// FLOPs of all the timed calls (side_by_side.py's own "fwd_pj_per_flop" is
+// the rougher estimate from nvidia-smi's power samples).
+// Under the H200's power cap a kernel runs as fast as its energy per FLOP
+// allows (docs/performance.md, twentieth session). The counter is coarse:
+// read it over a second or more of calls (--repeats).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -49,6 +58,7 @@
 #include "gqattn/attention.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
+#include "nvml_energy.hpp"
 
 namespace {
 
@@ -60,6 +70,7 @@ constexpr double kFlopsPerPairPerDim = 4.0;  // QK^T and PV, 2 FLOPs per multipl
 constexpr double kBackwardFlopFactor = 2.5;
 constexpr int kDefaultWarmup = 5;
 constexpr int kDefaultRepeats = 30;
+constexpr int kPciBusIdChars = 32;  // "0000:00:00.0" and room; cudaDeviceGetPCIBusId needs >= 13
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -164,7 +175,8 @@ struct Settings {
   int idle_ms = 0;                 // host sleep before each timed call
 };
 
-void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream) {
+void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
+               const gqattn_bench::EnergyCounter& energy) {
   const double pairs = double(p.kept_pairs());  // exact, DESIGN §1
   const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
   std::string line;
@@ -242,6 +254,10 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
         .count();
   };
   double wall_start = 0.0, wall_end = 0.0;  // of the last time_calls' timed calls
+  // The energy counter over the last time_calls' timed calls (mJ); both
+  // reads must succeed for it to count.
+  std::uint64_t mj_start = 0, mj_end = 0;
+  bool energy_read = false;
   auto time_calls = [&](auto&& call) {
     for (int i = 0; i < s.warmup; ++i) call(all[std::size_t(i % sets)]);
     if (s.release_workspace) {
@@ -250,6 +266,8 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
       gqattn::release_workspace_memory();
     }
     std::vector<float> ms;
+    if (energy.available()) check(cudaStreamSynchronize(stream), "sync");  // warm-up's energy out
+    energy_read = energy.read_mj(mj_start);
     wall_start = wall_s();
     for (int i = 0; i < s.repeats; ++i) {
       if (s.idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(s.idle_ms));
@@ -263,7 +281,17 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
       ms.push_back(t);
     }
     wall_end = wall_s();
+    energy_read = energy_read && energy.read_mj(mj_end) && mj_end >= mj_start;
     return median(ms);
+  };
+
+  // ', "<pass>_nvml_joules": J, "<pass>_nvml_pj_per_flop": pJ' for the last
+  // time_calls, where the counter answered.
+  const auto append_energy = [&](const char* pass, double flops_per_call) {
+    if (!energy_read) return;
+    const double joules = double(mj_end - mj_start) * 1e-3;
+    append(line, ", \"%s_nvml_joules\": %.3f, \"%s_nvml_pj_per_flop\": %.4f", pass, joules, pass,
+           joules / (flops_per_call * double(s.repeats)) * 1e12);
   };
 
   try {
@@ -274,6 +302,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
            ", \"sets\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
            "\"fwd_wall_s\": [%.3f, %.3f]",
            sets, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, wall_start, wall_end);
+    append_energy("fwd", fwd_flops);
     const gqattn::Explanation backward_support =
         gqattn::explain(p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::backward);
     if (s.backward && !backward_support.supported) {
@@ -284,6 +313,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream)
       const double bwd_ms = time_calls(backward);
       append(line, ", \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f, \"bwd_wall_s\": [%.3f, %.3f]", bwd_ms,
              kBackwardFlopFactor * fwd_flops / (bwd_ms * 1e-3) / 1e12, wall_start, wall_end);
+      append_energy("bwd", kBackwardFlopFactor * fwd_flops);
     }
   } catch (const gqattn::Error& e) {
     std::string what = e.what();
@@ -352,7 +382,12 @@ int main(int argc, char** argv) {
   if (shapes.empty()) shapes = standard_shapes();
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  for (const auto& p : shapes) run_shape(p, settings, stream);
+  int device = 0;
+  check(cudaGetDevice(&device), "device");
+  char bus_id[kPciBusIdChars] = {};
+  check(cudaDeviceGetPCIBusId(bus_id, kPciBusIdChars, device), "PCI bus id");
+  const gqattn_bench::EnergyCounter energy(bus_id);
+  for (const auto& p : shapes) run_shape(p, settings, stream, energy);
   check(cudaStreamDestroy(stream), "stream");
   return 0;
 }

@@ -50,7 +50,9 @@ two backends that both run at the cap are as fast as their energy per FLOP
 allows, whatever their speed at full clock. A rough figure: the samples
 are instantaneous readings 50 ms apart (cuDNN's T16k forward read 1.17 and
 0.91 pJ in two runs at the same TFLOP/s); the TFLOP/s at the cap are the
-firm comparison.
+firm comparison. gqattn's records also carry gqattn_bench's
+fwd/bwd_nvml_pj_per_flop, from NVML's energy counter where it answers
+(bench/nvml_energy.hpp): ours only, so not in the tables.
 
 --sustained SECONDS raises every shape's repeats so that each backend's
 timed forward calls last about SECONDS back to back (estimated at
