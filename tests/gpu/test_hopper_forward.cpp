@@ -12,7 +12,7 @@
 // d64 without softcap or window and with Tk >= 4096 runs on the wide
 // 128 x 192 key tile (kWideD64): cases with Tk a multiple of 192 and not,
 // Tq > Tk, f16, padded, and more work tiles than SMs.
-// With tile_sizes.hpp's kMulticastKV on (off by default), d128 without
+// With tile_sizes.hpp's kMulticastKV on (the default), d128 without
 // softcap and with an even number of query heads per kv head runs in 2-CTA
 // clusters that multicast K/V: among them one-query-tile, many-tile (more work tiles than resident
 // clusters), windowed, wide and padded cases; the MHA cases (H = Hkv) and

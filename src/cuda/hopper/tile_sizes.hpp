@@ -101,13 +101,15 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   once for both: each CTA copies half of its column blocks and the TMA
 //   multicasts them into both; only tiles with kMulticastAllowed (d128)
 //   and no softcap (multicast_tile()). Off: every CTA copies its own K/V
-//   and no cluster kernel is compiled (the kernels are SASS-identical to
-//   those before the switch existed). Off because no gain was measured on
-//   the H200 (docs/hopper.md TODO 0; fwd TFLOP/s, three interleaved builds
-//   each, multicast / off): d128 causal T1k 404-411 / 410-419, T4k
-//   580-596 / 592-593, T16k 593-666 / 588-632, non-causal 578-624 /
-//   593-625; d256 607 / 630 and d128 cap30 394 / 422 in one call (the two
-//   CTAs of a cluster wait for each other's slowest warp).
+//   and no cluster kernel is compiled. On since the twenty-first session
+//   (docs/hopper.md TODO 0): it halves the K/V reads from L2, which costs
+//   energy; at the 700 W cap that is speed. H200, one session, base / on
+//   builds interleaved (fwd TFLOP/s): back to back for 2 s (the cap) B1
+//   T16k 608, 604 / 617, 617 (NVML 1.140 / 1.108 pJ per FLOP over 600
+//   calls), B4 T4k 531, 531 / 536, 533; 30-call bursts T16k 645, 640 /
+//   667, 684, T4k 606, 606 / 602, 600, non-causal 636, 642 / 635, 649,
+//   T1k 406, 403 / 411, 415, window 1024 475, 474 / 475, 487. In the
+//   ninth session's bursts (older kernels) it measured 0-3% slower.
 constexpr bool kIntraWarpgroupOverlap = true;
 constexpr bool kPingPong = true;
 constexpr bool kFastSoftcap = true;
@@ -116,7 +118,7 @@ constexpr bool kWideNonCausalD128 = true;
 constexpr bool kWideSoftcapD128 = false;
 constexpr bool kWideD64 = true;
 constexpr int kWideD64MinKeys = 4096;
-constexpr bool kMulticastKV = false;
+constexpr bool kMulticastKV = true;
 // kKvGroupedOrder: the work tiles of problems with neither causal mask nor
 // window (all equally long) run in tile_order.hpp's kv-grouped order,
 // ForwardTile::kKvGroupPairs (batch, kv head) pairs at a time, so that the
