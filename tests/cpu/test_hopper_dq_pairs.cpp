@@ -1,0 +1,102 @@
+// The fused dQ's key-tile pairs (src/cuda/hopper/backward_dq_pairs.hpp),
+// without a GPU: the paired dK/dV grid names every key tile once, with the
+// two CTAs of a cluster on key tiles 2i and 2i + 1 of one (batch, kv head)
+// and lower key tiles first; shared_steps gives exactly the steps of a walk
+// whose (query tile, head) the other walk visits, and both walks meet those
+// in the same order (which the pair's cross-CTA sums rely on).
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cuda/hopper/backward_dq_pairs.hpp"
+
+namespace {
+
+using gqattn::hopper::KeyTileId;
+using gqattn::hopper::bwd::kDqPairCtas;
+using gqattn::hopper::bwd::paired_key_tile_id;
+using gqattn::hopper::bwd::shared_steps;
+using gqattn::hopper::bwd::StepRange;
+
+struct Grid {
+  int B, Hkv, num_n;
+};
+
+// Odd key-tile counts (a padding CTA), one key tile, MQA, many pairs.
+const Grid kGrids[] = {{4, 8, 32}, {1, 8, 128}, {2, 3, 5}, {3, 7, 1}, {1, 1, 9}, {5, 4, 2}};
+
+TEST(HopperDqPairs, PairedGridNamesEveryKeyTileOnceInClustersOfNeighbours) {
+  for (const Grid& g : kGrids)
+    for (int pairs : {0, 1, 3, 8, 1000}) {
+      const int positions = (g.num_n + 1) / 2;
+      const int blocks = kDqPairCtas * positions * g.B * g.Hkv;
+      std::set<std::tuple<int, int, int>> seen;
+      std::vector<int> next_n(g.B * g.Hkv, 0);
+      int padding = 0;
+      for (int i = 0; i < blocks; ++i) {
+        const KeyTileId t = paired_key_tile_id(g.B, g.Hkv, g.num_n, pairs, i);
+        ASSERT_TRUE(t.b >= 0 && t.b < g.B && t.hk >= 0 && t.hk < g.Hkv && t.n_block >= 0)
+            << "pairs " << pairs << " index " << i;
+        ASSERT_EQ(t.n_block % kDqPairCtas, i % kDqPairCtas)
+            << "rank = key tile parity, index " << i;
+        if (i % kDqPairCtas == 1) {
+          const KeyTileId partner = paired_key_tile_id(g.B, g.Hkv, g.num_n, pairs, i - 1);
+          ASSERT_TRUE(partner.b == t.b && partner.hk == t.hk && partner.n_block + 1 == t.n_block)
+              << "pairs " << pairs << " index " << i << ": the cluster is not two neighbours";
+        }
+        if (t.n_block >= g.num_n) {
+          ASSERT_EQ(t.n_block, g.num_n) << "only the padding key tile lies past the end";
+          ++padding;
+          continue;
+        }
+        ASSERT_TRUE(seen.emplace(t.n_block, t.b, t.hk).second)
+            << "pairs " << pairs << " index " << i << " names a key tile twice";
+        EXPECT_EQ(t.n_block, next_n[t.b * g.Hkv + t.hk]++)
+            << "pairs " << pairs << " index " << i << ": a key tile before a lower one";
+      }
+      EXPECT_EQ(int(seen.size()), g.num_n * g.B * g.Hkv);
+      EXPECT_EQ(padding, g.num_n % 2 * g.B * g.Hkv);
+    }
+}
+
+// The (query tile, head) of step t of a walk over query tiles [first,
+// last], last first, `group` heads per tile (DkdvWork).
+std::pair<int, int> step_of(int last, int group, int t) { return {last - t / group, t % group}; }
+
+TEST(HopperDqPairs, SharedStepsAreExactlyTheCommonQueryTilesInOneOrder) {
+  const int group = 3;
+  for (int f0 = 0; f0 < 6; ++f0)
+    for (int l0 = f0 - 1; l0 < 8; ++l0)
+      for (int f1 = 0; f1 < 6; ++f1)
+        for (int l1 = f1 - 1; l1 < 8; ++l1) {
+          const StepRange own = shared_steps(f0, l0, f1, l1, group);
+          const StepRange peer = shared_steps(f1, l1, f0, l0, group);
+          std::vector<std::pair<int, int>> own_shared, peer_shared;
+          for (int t = 0; t < (l0 - f0 + 1) * group; ++t) {
+            const auto s = step_of(l0, group, t);
+            const bool common = s.first >= f1 && s.first <= l1;
+            ASSERT_EQ(common, t >= own.begin && t < own.end)
+                << "own [" << f0 << ", " << l0 << "] peer [" << f1 << ", " << l1 << "] step " << t;
+            if (common) own_shared.push_back(s);
+          }
+          for (int t = peer.begin; t < peer.end; ++t) peer_shared.push_back(step_of(l1, group, t));
+          EXPECT_EQ(own_shared, peer_shared)
+              << "own [" << f0 << ", " << l0 << "] peer [" << f1 << ", " << l1 << "]";
+        }
+}
+
+TEST(HopperDqPairs, CausalNeighboursShareAllButTheLowerTilesDiagonal) {
+  // Key tiles 0 and 1 (128 keys) of a causal T = 1000, query tiles of 64:
+  // tile 0 is visited by query tiles 0..15, tile 1 by 2..15; 4 heads.
+  const StepRange lower = shared_steps(0, 15, 2, 15, 4);
+  const StepRange upper = shared_steps(2, 15, 0, 15, 4);
+  EXPECT_EQ(lower.begin, 0);
+  EXPECT_EQ(lower.end, 14 * 4);
+  EXPECT_EQ(upper.begin, 0);
+  EXPECT_EQ(upper.end, 14 * 4);
+}
+
+}  // namespace
