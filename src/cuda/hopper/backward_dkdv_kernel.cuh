@@ -122,61 +122,41 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
 // same order on every run: dq is bitwise reproducible. (Unordered adds
 // into a zeroed accumulator measured slower: the adds of all key tiles to
 // one block then arrive together.)
-//
-// Paired (kBwdDqPairSum), on a step the other key tile of the pair shares
-// (DkdvWork::shared): the staging's half `rank` holds the pair's sum of that
-// column half (dkdv_consume), so the writer moves only that half, in the
-// order of the pair's lower key tile, and counts both key tiles on that
-// half's semaphore; the other half is the other CTA's to write. Every other
-// step moves both halves as above, each half in its own semaphore's order.
-template <int kD, bool kPaired>
+template <int kD>
 __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const DkdvWork& w,
                                               const flash::MaskPolicy& mask, uint32_t smem,
                                               int writer) {
   using Tile = DkdvTile<kD>;
   using L = DkdvSmem<kD, true>;
   constexpr int kBM = Tile::kBlockM;
-  constexpr uint32_t kHalfBytes = L::kDqStageBytes / kDqHalves;
-  constexpr int kHalfFloats = int(kHalfBytes / sizeof(float));
   const uint32_t full = smem + L::kDqFull + uint32_t(writer) * L::kBarrierBytes;
   for (int t = writer; t < w.steps; t += kDqWriters) {
     const int m0 = w.m0(t, kBM);
     const int64_t block = dq_accum_block(w.b, w.head(t), m0 / kBM, p.c.H, p.c.tq_padded, kBM);
-    const bool summed = kPaired && w.is_shared(t);
-    // Halves [h0, h1) of the block; the key tiles this write carries start
-    // at `lowest` and number `carried`.
-    const int h0 = summed ? w.rank : 0;
-    const int h1 = summed ? w.rank + 1 : kDqHalves;
-    const int lowest = summed ? w.n_block - w.rank : w.n_block;
-    const int carried = summed ? kDqPairCtas : 1;
-    float* dst = p.dq_accum + block * (int64_t(kBM) * kD) + h0 * kHalfFloats;
-    const uint32_t src = smem + L::kDqStage + uint32_t(h0) * kHalfBytes;
-    const uint32_t bytes = uint32_t(h1 - h0) * kHalfBytes;
-    int* sem = p.dq_semaphores + block * kDqHalves;
+    float* dst = p.dq_accum + block * (int64_t(kBM) * kD);
+    int* sem = p.dq_semaphores + block;
     ptx::mbar_wait(full, uint32_t((t / kDqWriters) & 1));
-    // The first key tile that visits this query tile stores, which is why
-    // the accumulator is not zeroed; key tile first + r adds once the r
-    // lower ones have written (the half's semaphore reads r).
+    // The key tile of rank 0 (the first that visits this query tile) stores,
+    // which is why the accumulator is not zeroed; rank r adds once rank
+    // r - 1's write has completed.
     const int first = mask.key_blocks(m0, min(kBM, mask.tq - m0), Tile::kBlockN).first;
-    const int order = lowest - first;
-    if (order == 0) {
-      ptx::bulk_store(dst, src, bytes);
+    const int rank = w.n_block - first;
+    if (rank == 0) {
+      ptx::bulk_store(dst, smem + L::kDqStage, L::kDqStageBytes);
     } else {
-      for (int h = h0; h < h1; ++h)
-        while (ptx::ld_acquire_gpu(sem + h) != order) __nanosleep(kDqSpinNs);
+      while (ptx::ld_acquire_gpu(sem) != rank) __nanosleep(kDqSpinNs);
       ptx::fence_proxy_async_global();
-      ptx::bulk_reduce_add_f32(dst, src, bytes);
+      ptx::bulk_reduce_add_f32(dst, smem + L::kDqStage, L::kDqStageBytes);
     }
     ptx::bulk_commit();
     // The staging buffer is free once read: the consumers may stage the
     // next step while this write travels to L2 (its completion takes
-    // longer than a step's matrix products). On a summed step the other
-    // CTA's summing warps arrive too (they read the other half).
+    // longer than a step's matrix products).
     ptx::bulk_wait_read_all();
-    ptx::mbar_arrive_count(smem + L::kDqEmpty, summed ? 1u : dq_empty_arrivals(kPaired));
+    ptx::mbar_arrive(smem + L::kDqEmpty);
     ptx::bulk_wait_all();
     ptx::fence_proxy_async_global();
-    for (int h = h0; h < h1; ++h) ptx::red_release_gpu_add(sem + h, carried);
+    ptx::red_release_gpu_add(sem, 1);
   }
 }
 
@@ -201,7 +181,6 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
   // of 1 - tanh^2, computed while dP^T runs; overlap_s_dp says where).
   constexpr bool kOverlapSdP = overlap_s_dp(kSoftcap, kD);
   constexpr bool kExchange = split_exchange(kD, kSoftcap);
-  constexpr bool kPaired = kFusedDq && kBwdDqPairSum;
   constexpr bool kHandover = split_handover(kD, kSoftcap);
   static_assert(kBN == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
                 "one wgmma M of keys per warpgroup (or shared by both when split over d)");
@@ -373,35 +352,13 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       // The dV and dQ groups have completed; dK's may still run.
       ptx::wgmma_wait<1>();
       ptx::pin(dq);
-      // Stage the partial once the previous step's staging has been read.
-      const uint32_t own_half = smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / kDqHalves);
-      if constexpr (kPaired) {
-        // Paired, on a shared step: warpgroup `rank` sums (its half plus the
-        // other CTA's, then written by this CTA's writer), the other
-        // warpgroup only stages its half for the other CTA's summing
-        // warpgroup. The other CTA's reads are ordered by cluster-scope
-        // release / acquire on dq_empty and dq_peer_full.
-        ptx::mbar_wait_acquire_cluster(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
-        if (w.is_shared(t) && wg == w.rank) {
-          ptx::mbar_wait_acquire_cluster(smem + L::kDqPeerFull, uint32_t(t - w.shared.begin) & 1u);
-          add_peer_dq<kDqCols>(dq, ptx::map_shared_rank(own_half, uint32_t(w.rank ^ 1)));
-        }
-      } else {
-        ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
-      }
-      stage_dq<kDqCols>(own_half, dq);
+      // Stage the partial once the writer has read the previous step's.
+      ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
+      stage_dq<kDqCols>(smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / 2), dq);
       ptx::fence_proxy_async_shared();
       __syncwarp();
-      if (lane == 0) {
-        if constexpr (kPaired) {
-          // The summing warpgroup has read the other CTA's half (free it
-          // there); the other has staged the half the other CTA sums.
-          if (w.is_shared(t))
-            ptx::mbar_arrive_release_cluster(ptx::map_shared_rank(
-                smem + (wg == w.rank ? L::kDqEmpty : L::kDqPeerFull), uint32_t(w.rank ^ 1)));
-        }
+      if (lane == 0)
         ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
-      }
     }
     ptx::wgmma_wait<0>();
     ptx::pin(dv);
@@ -409,14 +366,6 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     // Every wgmma of this warpgroup reading the slot has completed.
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
-  }
-  if constexpr (kPaired) {
-    // The other CTA reads this CTA's staging and arrives on its barriers
-    // until its last shared step; the last staging read (every phase of
-    // dq_empty completed) comes after all of that, so then it is safe to
-    // leave.
-    if (w.shared.end > w.shared.begin)
-      ptx::mbar_wait_acquire_cluster(smem + L::kDqEmpty, uint32_t(w.steps - 1) & 1u);
   }
 
   const flash::BackwardParams& c = p.c;
@@ -435,7 +384,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #ifdef GQATTN_HOPPER_BWD_DEVICE_CODE
   using Tile = DkdvTile<kD>;
   using L = DkdvSmem<kD, kFusedDq>;
-  constexpr bool kPaired = kFusedDq && kBwdDqPairSum;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte alignment (DkdvSmem allots the slack).
   const uint32_t smem_unaligned = uint32_t(__cvta_generic_to_shared(smem_raw));
@@ -453,21 +401,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int i = 0; i < kDqWriters; ++i)
         ptx::mbar_init(smem + L::kDqFull + uint32_t(i) * L::kBarrierBytes, kBwdConsumerWarps);
-      ptx::mbar_init(smem + L::kDqEmpty, dq_empty_arrivals(kPaired));
-      ptx::mbar_init(smem + L::kDqPeerFull, kWarpsPerWarpgroup);
+      ptx::mbar_init(smem + L::kDqEmpty, 1);
     }
     ptx::mbar_init_fence();
   }
-  // Paired: the other CTA arrives on these barriers, so both must be
-  // initialised before either goes on.
-  if constexpr (kPaired)
-    ptx::cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();
 
   const flash::MaskPolicy mask(p.c.mask);
-  const DkdvWork w =
-      dkdv_work<Tile::kBlockN, Tile::kBlockM, kPaired>(p.c, mask, p.dkdv_group_pairs);
+  const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM>(p.c, mask, p.dkdv_group_pairs);
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kBwdProducerRegisters>();
@@ -478,7 +419,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                     "one producer-warpgroup warp per dQ writer");
       const int warp = int(threadIdx.x) / kWarpSize;
       if (threadIdx.x % kWarpSize == 0 && warp >= 1 && warp <= kDqWriters)
-        dkdv_write_dq<kD, kPaired>(p, w, mask, smem, warp - 1);
+        dkdv_write_dq<kD>(p, w, mask, smem, warp - 1);
     }
     return;
   }

@@ -8,7 +8,6 @@
 
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/params.hpp"
-#include "cuda/hopper/backward_dq_pairs.hpp"
 #include "cuda/hopper/tile_order.hpp"
 
 namespace gqattn::hopper::bwd {
@@ -22,13 +21,6 @@ struct DkdvWork {
   int first;    // first query tile visited
   int num_m;    // query tiles visited per head
   int steps;    // group * num_m, or 0
-  // Paired grid (kBwdDqPairSum): this CTA's rank in its pair (0: key tile
-  // 2i, 1: 2i + 1) and the steps whose (query tile, head) the other key
-  // tile visits too (shared_steps), on which the pair sums its dQ partials.
-  // Unpaired: rank 0, no shared step.
-  int rank;
-  StepRange shared;
-  __device__ bool is_shared(int t) const { return t >= shared.begin && t < shared.end; }
   // Step t: query tile first + num_m - 1 - t / group (the last first), query
   // head hk * group + t % group. Every key tile that visits a query tile
   // from its last visited query tile on (no mask, causal: all of them)
@@ -44,40 +36,23 @@ struct DkdvWork {
 // make a key tile wait only for lower key tiles of its own (b, kv head),
 // which have lower block indices in every grouping, so they were dispatched
 // before it (in-order dispatch, as FA3's deterministic mode and CUTLASS's
-// stream-K assume): no wait can deadlock. The paired grid
-// (paired_key_tile_id) keeps that order between pairs.
+// stream-K assume): no wait can deadlock.
 template <int kBlockN, int kBlockM>
-__device__ __forceinline__ flash::BlockRange visited_query_tiles(const flash::MaskPolicy& mask,
-                                                                 int n_block) {
-  const int n0 = n_block * kBlockN;
-  if (n0 >= mask.tk) return {};  // the padding CTA of an odd number of key tiles
-  return mask.query_blocks(n0, min(kBlockN, mask.tk - n0), kBlockM);
-}
-
-template <int kBlockN, int kBlockM, bool kPaired>
 __device__ __forceinline__ DkdvWork dkdv_work(const flash::BackwardParams& p,
                                               const flash::MaskPolicy& mask, int group_pairs) {
   DkdvWork w;
   const int num_pairs = p.B * p.Hkv;
-  const int index = int(blockIdx.x);
   const KeyTileId id =
-      kPaired
-          ? paired_key_tile_id(p.B, p.Hkv, (mask.tk + kBlockN - 1) / kBlockN, group_pairs, index)
-          : key_tile_id(p.B, p.Hkv, int(gridDim.x) / num_pairs, group_pairs, index);
+      key_tile_id(p.B, p.Hkv, int(gridDim.x) / num_pairs, group_pairs, int(blockIdx.x));
   w.n_block = id.n_block;
   w.b = id.b;
   w.hk = id.hk;
   w.group = p.H / p.Hkv;
   w.n0 = w.n_block * kBlockN;
-  const flash::BlockRange range = visited_query_tiles<kBlockN, kBlockM>(mask, w.n_block);
+  const flash::BlockRange range = mask.query_blocks(w.n0, min(kBlockN, mask.tk - w.n0), kBlockM);
   w.first = range.first;
   w.num_m = range.last - range.first + 1;
   w.steps = w.num_m > 0 ? w.group * w.num_m : 0;
-  w.rank = kPaired ? index % kDqPairCtas : 0;
-  if constexpr (kPaired) {
-    const flash::BlockRange peer = visited_query_tiles<kBlockN, kBlockM>(mask, w.n_block ^ 1);
-    w.shared = shared_steps(range.first, range.last, peer.first, peer.last, w.group);
-  }
   return w;
 }
 

@@ -1,8 +1,7 @@
 // cuda-hopper: the device helpers of the fused dQ (DkdvTile::kFusedDqSupported): dS^T
 // from a consumer warpgroup's registers into the shared dS buffer that the
 // dQ = dS K wgmma reads, and a warpgroup's f32 dQ partial into the staging
-// buffer that one bulk reduce-add moves to the accumulator, and with
-// kBwdDqPairSum the other CTA's staged half added to a warpgroup's partial
+// buffer that one bulk reduce-add moves to the accumulator
 // (backward_params.hpp dq_accum_block; read back by backward_dq_convert.cuh).
 // Checked by tests/gpu/test_hopper_backward.cpp (dq against the f64 oracle,
 // bitwise determinism).
@@ -11,7 +10,6 @@
 #include <cstdint>
 
 #include "cuda/hopper/ptx/barrier.cuh"
-#include "cuda/hopper/ptx/cluster.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
 namespace gqattn::hopper::bwd {
@@ -22,14 +20,6 @@ constexpr uint32_t kDsReadyBarrier = ptx::kFirstNamedBarrier;
 
 // Back-off of the dQ writer while it waits for its turn to add.
 constexpr unsigned kDqSpinNs = 64;
-
-// Arrivals that complete a phase of dq_empty (the staging has been read):
-// the writer's, and with kBwdDqPairSum one per warp of the other CTA's
-// summing warpgroup, which reads the other half on shared steps (on the
-// other steps the writer arrives for them: mbar_arrive_count).
-constexpr uint32_t dq_empty_arrivals(bool paired) {
-  return paired ? 1u + uint32_t(kWarpsPerWarpgroup) : 1u;
-}
 
 // Stores dS^T of one warpgroup (its 64 keys = rows of `rows`, 64 queries =
 // columns) from the 16-bit A fragments `a` (k-step kk: n8 blocks 2kk, 2kk+1;
@@ -66,23 +56,6 @@ __device__ __forceinline__ void stage_dq(uint32_t dst, const float (&dq)[kCols /
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(dq[c][0]),
                  "f"(dq[c][1]), "f"(dq[c][2]), "f"(dq[c][3])
                  : "memory");
-  }
-}
-
-// dq += the partial that stage_dq<kCols> put at `peer` (a shared::cluster
-// address in the other CTA of the pair, kBwdDqPairSum): every thread reads
-// back the float4s its counterpart in that warpgroup stored, so the sum is
-// elementwise with no exchange inside the warpgroup.
-template <int kCols>
-__device__ __forceinline__ void add_peer_dq(float (&dq)[kCols / 8][4], uint32_t peer) {
-  const uint32_t i = threadIdx.x % kWarpgroupThreads;
-#pragma unroll
-  for (int c = 0; c < kCols / 8; ++c) {
-    const float4 v = ptx::ld_shared_cluster_v4(peer + (uint32_t(c) * kWarpgroupThreads + i) * 16u);
-    dq[c][0] += v.x;
-    dq[c][1] += v.y;
-    dq[c][2] += v.z;
-    dq[c][3] += v.w;
   }
 }
 

@@ -19,7 +19,6 @@
 #include <cstdint>
 
 #include "cuda/flash/params.hpp"
-#include "cuda/hopper/backward_dq_pairs.hpp"
 #include "cuda/hopper/backward_tile_sizes.hpp"
 #include "cuda/hopper/tile_sizes.hpp"
 
@@ -52,9 +51,9 @@ struct BackwardParams {
   // Fused dQ (chosen when dq_accum is set; DkdvTile::kFusedDqSupported):
   // the f32 accumulator (not zeroed: the first key tile of a query tile
   // stores), one block of kBlockM x d floats per (b, h, query tile), in the
-  // order dq_accum_index() gives; and kDqHalves semaphores per block, one
-  // per column half (zeroed before the dK/dV kernel; each counts the key
-  // tiles that have added into its half), which fix the order of the adds.
+  // order dq_accum_index() gives; and one semaphore per block (zeroed before
+  // the dK/dV kernel; it counts the key tiles that have added), which fixes
+  // the order of the adds.
   float* dq_accum = nullptr;
   int* dq_semaphores = nullptr;
   // What dK and dQ are multiplied by at the end: the softmax scale, times 4
@@ -131,17 +130,13 @@ struct DkdvSmem {
   static constexpr uint32_t kBarrierBytes = 8;
   // kv_full, then per stage full (Q, dO, lse2, D landed) and empty
   // (released), then per dQ writer dq_full (the consumers staged a partial
-  // of one of its steps), one dq_empty (the staging has been read: by the
-  // writer, and with kBwdDqPairSum on a shared step one half by the other
-  // CTA) and dq_peer_full (kBwdDqPairSum: the other CTA has staged the half
-  // this CTA sums).
+  // of one of its steps) and one dq_empty (a writer has read the staging).
   static constexpr uint32_t kKVFull = kBarriers;
   static constexpr uint32_t kFull = kKVFull + kBarrierBytes;
   static constexpr uint32_t kEmpty = kFull + Tile::kStages * kBarrierBytes;
   static constexpr uint32_t kDqFull = kEmpty + Tile::kStages * kBarrierBytes;  // writer i: + i
   static constexpr uint32_t kDqEmpty = kDqFull + kDqWriters * kBarrierBytes;
-  static constexpr uint32_t kDqPeerFull = kDqEmpty + kBarrierBytes;
-  static constexpr uint32_t kEnd = kDqPeerFull + kBarrierBytes;
+  static constexpr uint32_t kEnd = kDqEmpty + kBarrierBytes;
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
   // Bytes the producer announces on a stage's full barrier.
   static constexpr uint32_t kStageTxBytes = 2 * kQBytes + 2 * kRowBytes;
@@ -205,11 +200,6 @@ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t dkdv_blocks(int64_t B, int64_t Hkv, int64_t Tk, int64_t d) {
   return ceil_div(Tk, split_d(int(d)) ? DkdvTile<256>::kBlockN : DkdvTile<128>::kBlockN) * B * Hkv;
 }
-// The dK/dV grid of the fused dQ with kBwdDqPairSum (backward_dq_pairs.hpp):
-// whole pairs of key tiles, the last one padded where the count is odd.
-constexpr int64_t dkdv_paired_blocks(int64_t B, int64_t Hkv, int64_t Tk) {
-  return kDqPairCtas * ceil_div(ceil_div(Tk, DkdvTile<128>::kBlockN), kDqPairCtas) * B * Hkv;
-}
 constexpr int64_t dq_blocks(int64_t B, int64_t H, int64_t Tq, int64_t d) {
   const int block_m = d == 256   ? DqTile<256>::kBlockM
                       : d == 128 ? DqTile<128>::kBlockM
@@ -221,12 +211,12 @@ static_assert(DkdvTile<64>::kBlockN == DkdvTile<128>::kBlockN &&
               "grid sizes assume one tile shape for d 64 and 128");
 
 // Fused dQ workspace: the f32 accumulator and the semaphores of the
-// ordered adds (kDqHalves per query tile of every head).
+// ordered adds (one per query tile of every head).
 constexpr std::size_t fused_dq_accum_floats(int64_t B, int64_t H, int64_t tq_padded, int64_t d) {
   return std::size_t(B * H * tq_padded * d);
 }
 constexpr std::size_t fused_dq_semaphores(int64_t B, int64_t H, int64_t tq_padded) {
-  return std::size_t(B * H * (tq_padded / DkdvTile<128>::kBlockM) * kDqHalves);
+  return std::size_t(B * H * (tq_padded / DkdvTile<128>::kBlockM));
 }
 static_assert(DkdvTile<64>::kBlockM == DkdvTile<128>::kBlockM, "one query tile for d 64, 128");
 

@@ -61,19 +61,6 @@ constexpr bool kBwdFusedDq = true;
 // writers one waits for its add while the other issues the next. 1: one
 // writer does every step.
 constexpr int kDqWriters = 2;
-// Fused dQ: the dK/dV grid in clusters of two CTAs on adjacent key tiles
-// (backward_dq_pairs.hpp) that sum their dQ partials of the steps both visit
-// over distributed shared memory, each writing one column half of the sum:
-// half the f32 adds into the accumulator. Why: at the 700 W cap the
-// backward is bound by energy, and the accumulator traffic is its largest
-// part beyond the GEMMs (docs/hopper.md, Backward TODO 4: odd key tiles
-// skipping their adds, wrong results, measured +4% bwd at causal T16k, T4k
-// and softcap 30). Off: plain CTAs, every key tile adds its whole partial.
-constexpr bool kBwdDqPairSum = true;
-// Semaphores per accumulator block: one per consumer warpgroup's column
-// half, since with kBwdDqPairSum the two halves of a block are written by
-// different CTAs.
-constexpr int kDqHalves = 2;
 
 // d = 256: one consumer warpgroup cannot hold dK and dV of 64 rows (2 x 128
 // f32 registers per thread); split_d(d) says the two share each tile, the

@@ -187,9 +187,6 @@ class CudaHopperBackend final : public BackendImpl {
     // Every launch either dQ path may make (backward_dq_choice.hpp).
     const int64_t grid = std::max(
         {hopper::bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d),
-         hopper::bwd::fused_dq_supported(int(p.d))
-             ? hopper::bwd::dkdv_paired_blocks(p.B, p.Hkv, p.Tk)
-             : 0,
          hopper::bwd::dq_blocks(p.B, p.H, p.Tq, p.d),
          hopper::bwd::ceil_div(p.B * p.H * flash::tq_padded(p.Tq), flash::kPreprocessRowsPerBlock),
          hopper::bwd::fused_dq_supported(int(p.d))

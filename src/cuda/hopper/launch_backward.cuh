@@ -21,39 +21,20 @@
 
 namespace gqattn::hopper::bwd {
 
-// The fused dQ with kBwdDqPairSum runs in clusters of kDqPairCtas CTAs
-// (backward_dq_pairs.hpp), every other dK/dV grid in plain CTAs.
 template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
 void launch_dkdv(const BackwardParams& p, cudaStream_t stream) {
   constexpr int kSmem = int(DkdvSmem<kD, kFusedDq>::kAllocBytes);
+  const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk, kD));
   auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, kFusedDq>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  if constexpr (kFusedDq && kBwdDqPairSum) {
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kDqPairCtas;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(dkdv_paired_blocks(p.c.B, p.c.Hkv, p.c.mask.tk)));
-    config.blockDim = dim3(kBwdThreads);
-    config.dynamicSmemBytes = kSmem;
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
-  } else {
-    const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk, kD));
-    kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
-  }
+  kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
   cuda::check_launch("cuda-hopper backward_dkdv_kernel");
 }
 
 // Fused dQ: zero the semaphores (the accumulator needs no zeroing: the
 // first key tile of a query tile stores), the dK/dV kernel that adds into
-// it (in pairs of key tiles with kBwdDqPairSum), then dq = scale *
-// accumulator.
+// it, then dq = scale * accumulator.
 template <int kD, typename Elem, bool kSoftcap>
 void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
   GQATTN_CUDA_CHECK(cudaMemsetAsync(

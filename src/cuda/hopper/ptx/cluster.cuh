@@ -1,7 +1,6 @@
 // cuda-hopper: thin wrappers over the thread-block-cluster instructions the
-// forward's K/V multicast and the backward's dQ pairs use (PTX ISA
-// "Cluster", "mapa", "barrier.cluster", mbarrier arrive and wait at cluster
-// scope, ld.shared::cluster). Addresses are 32-bit
+// forward's K/V multicast uses (PTX ISA "Cluster", "mapa", "barrier.cluster",
+// mbarrier arrive on a shared::cluster address). Addresses are 32-bit
 // shared-window addresses, as in mbarrier.cuh. Checked by compiling for
 // sm_90a and by tests/gpu/test_hopper_forward.cpp with kMulticastKV on
 // (tile_sizes.hpp, the default since 2026-12-01; every d128 case without
@@ -11,8 +10,6 @@
 #pragma once
 
 #include <cstdint>
-
-#include <vector_types.h>  // float4
 
 namespace gqattn::hopper::ptx {
 
@@ -51,43 +48,6 @@ __device__ __forceinline__ uint32_t map_shared_rank(uint32_t addr, uint32_t rank
 // arrival (ptxas 13.0), four per key tile per consumer warp.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// One arrival on the mbarrier at shared::cluster address `bar`, releasing at
-// cluster scope: this thread's shared-memory accesses before it (and, after
-// a __syncwarp, its warp's) happen before whatever the CTA that waits on the
-// barrier with mbar_wait_acquire_cluster does after its wait. The backward's
-// dQ pairs hand generic loads and stores across CTAs with it (not TMA
-// copies, for which the default semantics above suffice).
-__device__ __forceinline__ void mbar_arrive_release_cluster(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
-               : "memory");
-}
-
-// mbar_wait (mbarrier.cuh) acquiring at cluster scope: pairs with
-// mbar_arrive_release_cluster of a thread in another CTA.
-__device__ __forceinline__ void mbar_wait_acquire_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-
-// Four floats at shared::cluster address `addr` (16-byte aligned), of any
-// CTA of the cluster (map_shared_rank).
-__device__ __forceinline__ float4 ld_shared_cluster_v4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
 }
 
 }  // namespace gqattn::hopper::ptx
