@@ -4,6 +4,7 @@
 // shapes that break kernels — T = 1, T not a multiple of the tiles, Tq != Tk
 // both ways, d 64/128/256, Hkv = 1, Hkv = H, windows 1, 64 and >= T,
 // softcap with large logits (each softcap score mode of score_mode.hpp),
+// softcap logits straddling the polynomial tanh's range (kSoftcapPoly),
 // rows with no kept key, bf16 and f16, padded
 // strides, and sequences long enough to wrap the TMA ring several times.
 // Non-causal d128 without a window runs on the wide 128 x 176 key tile
@@ -48,6 +49,7 @@ using gqattn::testing::case_name;
 using gqattn::testing::describe;
 using gqattn::testing::large_logits;
 using gqattn::testing::make;
+using gqattn::testing::straddling_poly_range;
 
 std::vector<HopperCase> cases() {
   const DType f16 = DType::f16;
@@ -84,6 +86,17 @@ std::vector<HopperCase> cases() {
       large_logits(
           make("T300_causal_softcap60_d128_row_max", 1, 300, 300, 4, 2, 128, true, 0, 60.0f)),
       make("T300_causal_softcap30_d128_small_logits", 1, 300, 300, 4, 1, 128, true, 0, 30.0f),
+      // The no-maximum mode's polynomial tanh (tile_sizes.hpp kSoftcapPoly):
+      // the small-logit cases take it on every tile, the large_logits ones
+      // never; these mix both paths among the warp tiles of one problem.
+      straddling_poly_range(
+          make("T700_causal_softcap30_d128_poly_mixed", 1, 700, 700, 4, 2, 128, true, 0, 30.0f)),
+      straddling_poly_range(
+          make("B2_T500_softcap30_d128_wide_poly_mixed", 2, 500, 500, 4, 1, 128, false, 0, 30.0f)),
+      straddling_poly_range(
+          make("T400_causal_softcap30_d64_poly_mixed", 1, 400, 400, 4, 2, 64, true, 0, 30.0f)),
+      straddling_poly_range(
+          make("T300_causal_softcap30_d256_poly_mixed", 1, 300, 300, 2, 1, 256, true, 0, 30.0f)),
       large_logits(make("Tq200_Tk37_causal_softcap20_d128_empty_rows", 1, 200, 37, 2, 1, 128, true,
                         0, 20.0f)),
       // d = 128, neither causal nor window: the wide 128 x 176 key tile

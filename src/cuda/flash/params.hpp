@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda/flash/smem_layout.hpp"  // GQATTN_FLASH_HD
+#include "cuda/flash/softcap_poly.hpp"
 
 namespace gqattn::flash {
 
@@ -40,6 +41,11 @@ struct ScoreArgs {
   float pre = 0.0f;    // scale / cap (softcap only)
   float mult = 0.0f;   // see above
   float scale = 0.0f;  // the softmax scale (dq, dk get it in backward)
+  // Softcap only (softcap_poly.hpp): raw scores |q.k| <= poly_bound have
+  // |y| <= kSoftcapPolyMaxY, where tanh is a polynomial; poly_exponent is
+  // its coefficients times mult (the no-offset forward's exponents).
+  float poly_bound = 0.0f;
+  float poly_exponent[kSoftcapPolyTerms] = {};
 };
 
 struct ForwardParams {

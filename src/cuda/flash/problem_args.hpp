@@ -40,6 +40,10 @@ inline ScoreArgs score_args(const Problem& p) {
     s.pre = s.scale / p.softcap;
     if (!std::isfinite(s.pre)) s.pre = FLT_MAX;  // a denormal cap: tanh saturates, never 0 * inf
     s.mult = p.softcap * kLog2e;
+    // For the FLT_MAX pre the bound is subnormal: only s = 0 passes, whose
+    // polynomial tanh is 0, as it should be.
+    s.poly_bound = kSoftcapPolyMaxY / s.pre;
+    for (int i = 0; i < kSoftcapPolyTerms; ++i) s.poly_exponent[i] = kSoftcapPolyCoef[i] * s.mult;
   } else {
     s.mult = s.scale * kLog2e;
   }

@@ -24,6 +24,7 @@
 #include <cmath>
 
 #include "cuda/flash/mma.cuh"
+#include "cuda/flash/softcap_poly.hpp"
 
 namespace gqattn::hopper {
 
@@ -68,6 +69,47 @@ __device__ __forceinline__ void apply_softcap_1mufu(float (&acc)[kMT][kNT][4], f
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         acc[mt][nt][e] = softcap_tanh_1mufu<kScaled>(acc[mt][nt][e], k, out);
+}
+
+// max |acc| over the elements [kFirst, kFirst + kCount) of the flattened
+// tile, as a pairwise tree: depth log2(kCount), where a running maximum (or
+// a chain of compare-and-accumulate predicates) is kCount deep and would sit
+// on the critical path between the S GEMM and the exponentials. A NaN is
+// dropped by fmaxf; it stays a NaN on either path of the caller.
+template <int kFirst, int kCount, int kMT, int kNT>
+__device__ __forceinline__ float abs_max_tree(const float (&acc)[kMT][kNT][4]) {
+  if constexpr (kCount == 1) {
+    return fabsf(acc[kFirst / (kNT * 4)][(kFirst / 4) % kNT][kFirst % 4]);
+  } else {
+    constexpr int kHalf = kCount / 2;
+    return fmaxf(abs_max_tree<kFirst, kHalf>(acc), abs_max_tree<kFirst + kHalf, kCount - kHalf>(acc));
+  }
+}
+
+// True iff every raw score of the warp's tile lies within the polynomial's
+// range, |s| <= bound = ScoreArgs::poly_bound; one vote, so the whole warp
+// takes one path. All lanes must be active.
+template <int kMT, int kNT>
+__device__ __forceinline__ bool softcap_poly_applies(const float (&acc)[kMT][kNT][4],
+                                                     float bound) {
+  return __all_sync(0xffffffffu, abs_max_tree<0, kMT * kNT * 4>(acc) <= bound);
+}
+
+// acc = mult tanh(acc pre) by the polynomial (flash/softcap_poly.hpp), the
+// no-offset softmax's exponents; coef = ScoreArgs::poly_exponent (mult
+// folded in). Only where softcap_poly_applies: mul, mul, 4 fma, mul.
+template <int kMT, int kNT>
+__device__ __forceinline__ void softcap_exponents_poly(
+    float (&acc)[kMT][kNT][4], float pre, const float (&coef)[flash::kSoftcapPolyTerms]) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float y = acc[mt][nt][e] * pre;
+        acc[mt][nt][e] = y * flash::softcap_poly_factor(y * y, coef);
+      }
 }
 
 }  // namespace gqattn::hopper

@@ -165,6 +165,13 @@ constexpr bool kQInRegisters = true;
 // pays for d256's 128 skipped multiplies, not for d128's 64).
 constexpr bool kLazyRescale = true;
 
+// The no-offset softcap softmax (flash/score_mode.hpp) forms its exponents
+// mult tanh(s pre) by flash/softcap_poly.hpp's polynomial, no MUFU op, on
+// every key tile where all of a warp's raw scores have |s pre| <= 0.625
+// (one vote per tile), else by the MUFU form of kTwoMufuSoftcapExponents.
+// Off: always the MUFU form (the poly branch is not compiled).
+constexpr bool kSoftcapPoly = true;
+
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the wide key tile
 // (only <128, true> and <64, true> exist, used as forward_wide() says).
 // kMulticastAllowed: the tile may take K/V multicast (kMulticastKV).

@@ -1,0 +1,55 @@
+// tanh of small arguments on the FMA pipe, for the softcapped kernels whose
+// special-function (MUFU) pipe, not their GEMMs, bounds them. Every other
+// softcap form spends one or two MUFU ops per score on tanh (mask.cuh's
+// softcap_r: ex2 + rcp; hopper/softcap.cuh: ex2) on top of the softmax's
+// ex2. For |y| <= kSoftcapPolyMaxY an odd polynomial needs none:
+//   tanh(y) = y p(y^2),  p a degree-4 minimax fit of tanh(y) / y.
+// Where it applies: the kernels test the raw scores of a warp's tile against
+// ScoreArgs::poly_bound (= kSoftcapPolyMaxY / pre) and take this path only
+// if every lane's scores pass (one warp vote per tile), else their MUFU form.
+// So the result never depends on the path beyond rounding, and logits up to
+// 0.625 cap (18.75 at cap 30, 31.25 at cap 50; the softcap's linear range,
+// where most logits of a trained model lie) skip the MUFU for tanh.
+// Host and device code: tests/cpu/test_softcap_poly.cpp checks it against
+// std::tanh without a GPU; the kernels are checked against the f64 oracle
+// on the H200 (tests/gpu/test_hopper_forward.cpp, softcap cases: small
+// logits take this path, large ones the MUFU form, "mixed" both in one tile).
+//
+// Accuracy (f32 Horner with fused multiply-adds): absolute error below
+// 1.2e-7 on [-0.625, 0.625], as good as the MUFU forms (1.5e-7 and 1.9e-7);
+// exact 0 at 0 and odd in y.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/flash/smem_layout.hpp"  // GQATTN_FLASH_HD
+
+namespace gqattn::flash {
+
+// The largest |y| = |q.k scale / cap| the polynomial serves.
+constexpr float kSoftcapPolyMaxY = 0.625f;
+
+// Minimax (relative error 1.1e-7) coefficients of tanh(y) / y in z = y^2 on
+// |y| <= kSoftcapPolyMaxY: c0 + c1 z + c2 z^2 + c3 z^3 + c4 z^4.
+constexpr int kSoftcapPolyTerms = 5;
+constexpr float kSoftcapPolyCoef[kSoftcapPolyTerms] = {
+    9.999998808e-01f, -3.333195448e-01f, 1.330452412e-01f, -5.182177946e-02f, 1.505082007e-02f};
+
+// out * p(z), with the coefficients pre-multiplied by out (scaled_coef[i]
+// = out * kSoftcapPolyCoef[i], ScoreArgs::poly_exponent for the exponent
+// mult tanh(y)): y times it is out * tanh(y).
+GQATTN_FLASH_HD float softcap_poly_factor(float z, const float (&scaled_coef)[kSoftcapPolyTerms]) {
+  static_assert(kSoftcapPolyTerms == 5, "Horner below is written out for five terms");
+  float p = fmaf(scaled_coef[4], z, scaled_coef[3]);
+  p = fmaf(p, z, scaled_coef[2]);
+  p = fmaf(p, z, scaled_coef[1]);
+  return fmaf(p, z, scaled_coef[0]);
+}
+
+// tanh(y) for |y| <= kSoftcapPolyMaxY (beyond it the error grows; callers
+// test the bound first).
+GQATTN_FLASH_HD float softcap_poly_tanh(float y) {
+  return y * softcap_poly_factor(y * y, kSoftcapPolyCoef);
+}
+
+}  // namespace gqattn::flash
