@@ -21,9 +21,7 @@ using gqattn::flash::softcap_poly_tanh;
 
 constexpr double kMaxAbsoluteError = 1.5e-7;
 
-double abs_error(float y) {
-  return std::abs(double(softcap_poly_tanh(y)) - std::tanh(double(y)));
-}
+double abs_error(float y) { return std::abs(double(softcap_poly_tanh(y)) - std::tanh(double(y))); }
 
 TEST(SoftcapPoly, AbsoluteErrorOverItsRange) {
   double worst = 0.0;

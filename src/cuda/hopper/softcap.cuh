@@ -82,7 +82,8 @@ __device__ __forceinline__ float abs_max_tree(const float (&acc)[kMT][kNT][4]) {
     return fabsf(acc[kFirst / (kNT * 4)][(kFirst / 4) % kNT][kFirst % 4]);
   } else {
     constexpr int kHalf = kCount / 2;
-    return fmaxf(abs_max_tree<kFirst, kHalf>(acc), abs_max_tree<kFirst + kHalf, kCount - kHalf>(acc));
+    return fmaxf(abs_max_tree<kFirst, kHalf>(acc),
+                 abs_max_tree<kFirst + kHalf, kCount - kHalf>(acc));
   }
 }
 
@@ -90,8 +91,7 @@ __device__ __forceinline__ float abs_max_tree(const float (&acc)[kMT][kNT][4]) {
 // range, |s| <= bound = ScoreArgs::poly_bound; one vote, so the whole warp
 // takes one path. All lanes must be active.
 template <int kMT, int kNT>
-__device__ __forceinline__ bool softcap_poly_applies(const float (&acc)[kMT][kNT][4],
-                                                     float bound) {
+__device__ __forceinline__ bool softcap_poly_applies(const float (&acc)[kMT][kNT][4], float bound) {
   return __all_sync(0xffffffffu, abs_max_tree<0, kMT * kNT * 4>(acc) <= bound);
 }
 
