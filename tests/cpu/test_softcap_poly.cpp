@@ -1,11 +1,12 @@
 // flash/softcap_poly.hpp, the polynomial tanh the hopper forward takes for
 // small softcapped logits, against std::tanh in double: its absolute error
 // over the whole range it serves (at least as good as the MUFU forms'
-// 1.5e-7), oddness and exact 0, that the error grows past the range (so the
-// kernels' range test matters), and the host's ScoreArgs fields that carry
+// 1.5e-7) and that of the backward's r = (1 - tanh) / 2, oddness and exact 0, that the error grows
+// past the range (so the kernels' range test matters), and the host's ScoreArgs fields that carry
 // the range and the mult-scaled coefficients to the kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/flash/problem_args.hpp"
@@ -48,6 +49,20 @@ TEST(SoftcapPoly, OddWithExactZero) {
   // but the exponent mult tanh(y) must not lose small logits.
   for (float y : {1e-20f, 1e-6f, 1e-3f, 0.1f})
     EXPECT_NEAR(double(softcap_poly_tanh(y)) / std::tanh(double(y)), 1.0, 2.5e-7) << "y = " << y;
+}
+
+// The backward's r = 1 / (e^(2y) + 1): the same accuracy (about half the
+// tanh's absolute error) over the range.
+TEST(SoftcapPoly, BackwardROverItsRange) {
+  double worst = 0.0;
+  constexpr int kSteps = 200000;
+  for (int i = -kSteps; i <= kSteps; ++i) {
+    const float y = kSoftcapPolyMaxY * float(i) / float(kSteps);
+    const double want = 1.0 / (std::exp(2.0 * double(y)) + 1.0);
+    worst = std::max(worst, std::abs(double(gqattn::flash::softcap_poly_r(y)) - want));
+  }
+  EXPECT_LT(worst, 1e-7);
+  EXPECT_EQ(gqattn::flash::softcap_poly_r(0.0f), 0.5f);
 }
 
 // Past the range the fit degrades: the kernels must route those scores to

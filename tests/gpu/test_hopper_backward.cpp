@@ -3,8 +3,8 @@
 // of DESIGN §4, NaN-poisoned gradients, determinism by rerunning and
 // comparing bits): T = 1, T not a multiple of the tiles, Tq != Tk both ways,
 // Hkv = 1 and H / Hkv in {1, 2, 4, 8, 32}, windows 1, 64 and >= T, softcap 30
-// with large logits, rows with no kept key, key tiles no query sees, bf16
-// and f16, padded strides, causal and not, d 64, 128 and 256 (the dK/dV
+// with large logits and with logits straddling the polynomial's range, rows with no kept key, key
+// tiles no query sees, bf16 and f16, padded strides, causal and not, d 64, 128 and 256 (the dK/dV
 // kernel splits the work by gradient, one consumer warpgroup handing P^T to
 // the other every step, so one step and many; the dQ kernel walks 32-key
 // tiles, so Tk not a multiple of 32 too), and sequences long enough to wrap
@@ -43,6 +43,7 @@ using gqattn::testing::case_name;
 using gqattn::testing::describe;
 using gqattn::testing::large_logits;
 using gqattn::testing::make;
+using gqattn::testing::straddling_poly_range;
 
 std::vector<BackwardCase> cases() {
   const DType f16 = DType::f16;
@@ -73,6 +74,15 @@ std::vector<BackwardCase> cases() {
       make("Tq70_Tk400_causal_window40_d128_unseen_keys", 1, 70, 400, 2, 1, 128, true, 40),
       large_logits(make("T160_causal_softcap30_d128", 1, 160, 160, 4, 2, 128, true, 0, 30.0f)),
       make("T150_softcap30_d128", 1, 150, 150, 2, 1, 128, false, 0, 30.0f),
+      // Softcap logits straddling the polynomial r's range (kBwdSoftcapPoly):
+      // some warp tiles take it, others ex2 + rcp (the small-logit cases
+      // take it everywhere, large_logits nowhere).
+      straddling_poly_range(
+          make("T600_causal_softcap30_d128_poly_mixed", 1, 600, 600, 4, 2, 128, true, 0, 30.0f)),
+      straddling_poly_range(
+          make("T300_causal_softcap30_d64_poly_mixed", 1, 300, 300, 4, 1, 64, true, 0, 30.0f)),
+      straddling_poly_range(
+          make("T200_causal_softcap30_d256_poly_mixed", 1, 200, 200, 2, 1, 256, true, 0, 30.0f)),
       make("T100_causal_d128_padded", 2, 100, 100, 4, 2, 128, true, 0, 0.0f, bf16, true),
       make("T200_d128_f16", 1, 200, 200, 2, 1, 128, false, 0, 0.0f, f16),
       make("T200_causal_window64_d128_f16", 1, 200, 200, 2, 1, 128, true, 64, 0.0f, f16),

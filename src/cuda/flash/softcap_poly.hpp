@@ -30,26 +30,49 @@ namespace gqattn::flash {
 constexpr float kSoftcapPolyMaxY = 0.625f;
 
 // Minimax (relative error 1.1e-7) coefficients of tanh(y) / y in z = y^2 on
-// |y| <= kSoftcapPolyMaxY: c0 + c1 z + c2 z^2 + c3 z^3 + c4 z^4.
+// |y| <= kSoftcapPolyMaxY: c0 + c1 z + c2 z^2 + c3 z^3 + c4 z^4. Scalars,
+// so device code reads them as immediates (a namespace-scope array would
+// have to live in device memory).
 constexpr int kSoftcapPolyTerms = 5;
+constexpr float kSoftcapPolyC0 = 9.999998808e-01f;
+constexpr float kSoftcapPolyC1 = -3.333195448e-01f;
+constexpr float kSoftcapPolyC2 = 1.330452412e-01f;
+constexpr float kSoftcapPolyC3 = -5.182177946e-02f;
+constexpr float kSoftcapPolyC4 = 1.505082007e-02f;
+// The same, for the host (ScoreArgs::poly_exponent, tests).
 constexpr float kSoftcapPolyCoef[kSoftcapPolyTerms] = {
-    9.999998808e-01f, -3.333195448e-01f, 1.330452412e-01f, -5.182177946e-02f, 1.505082007e-02f};
+    kSoftcapPolyC0, kSoftcapPolyC1, kSoftcapPolyC2, kSoftcapPolyC3, kSoftcapPolyC4};
+
+// c0 + c1 z + ... + c4 z^4 by Horner: four fused multiply-adds.
+GQATTN_FLASH_HD float softcap_poly_horner(float z, float c0, float c1, float c2, float c3,
+                                          float c4) {
+  return fmaf(fmaf(fmaf(fmaf(c4, z, c3), z, c2), z, c1), z, c0);
+}
 
 // out * p(z), with the coefficients pre-multiplied by out (scaled_coef[i]
 // = out * kSoftcapPolyCoef[i], ScoreArgs::poly_exponent for the exponent
 // mult tanh(y)): y times it is out * tanh(y).
 GQATTN_FLASH_HD float softcap_poly_factor(float z, const float (&scaled_coef)[kSoftcapPolyTerms]) {
-  static_assert(kSoftcapPolyTerms == 5, "Horner below is written out for five terms");
-  float p = fmaf(scaled_coef[4], z, scaled_coef[3]);
-  p = fmaf(p, z, scaled_coef[2]);
-  p = fmaf(p, z, scaled_coef[1]);
-  return fmaf(p, z, scaled_coef[0]);
+  return softcap_poly_horner(z, scaled_coef[0], scaled_coef[1], scaled_coef[2], scaled_coef[3],
+                             scaled_coef[4]);
 }
 
 // tanh(y) for |y| <= kSoftcapPolyMaxY (beyond it the error grows; callers
 // test the bound first).
 GQATTN_FLASH_HD float softcap_poly_tanh(float y) {
-  return y * softcap_poly_factor(y * y, kSoftcapPolyCoef);
+  return y * softcap_poly_horner(y * y, kSoftcapPolyC0, kSoftcapPolyC1, kSoftcapPolyC2,
+                                 kSoftcapPolyC3, kSoftcapPolyC4);
+}
+
+// The backward's r = 1 / (e^(2y) + 1) = (1 - tanh(y)) / 2 = 1/2 + y q(z)
+// with q = -p / 2 (scaling by -1/2 is exact), for |y| <= kSoftcapPolyMaxY:
+// mul, 4 fma, fma.
+GQATTN_FLASH_HD float softcap_poly_r(float y) {
+  return fmaf(
+      y,
+      softcap_poly_horner(y * y, -0.5f * kSoftcapPolyC0, -0.5f * kSoftcapPolyC1,
+                          -0.5f * kSoftcapPolyC2, -0.5f * kSoftcapPolyC3, -0.5f * kSoftcapPolyC4),
+      0.5f);
 }
 
 }  // namespace gqattn::flash

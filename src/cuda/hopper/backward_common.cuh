@@ -25,8 +25,10 @@
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_params.hpp"
+#include "cuda/hopper/backward_tile_sizes.hpp"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
+#include "cuda/hopper/softcap.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -173,6 +175,32 @@ __device__ __forceinline__ float to_softcap_r(float& s, float k) {
   return fmaf(-r, r, r);
 }
 
+// Under softcap, a warp's whole tile: s <- r as to_softcap_r, and
+// sink(nt, e, r - r^2) for each element. By the polynomial (no MUFU op;
+// kBwdSoftcapPoly) where every raw score of the warp's tile is in its range
+// (softcap.cuh softcap_poly_applies, one vote; all lanes active), else by
+// ex2 + rcp. Both give r within about 1e-7.
+template <int kNT, class Sink>
+__device__ __forceinline__ void to_softcap_r_tile(float (&s)[1][kNT][4],
+                                                  const flash::ScoreArgs& score, Sink&& sink) {
+  if (kBwdSoftcapPoly && softcap_poly_applies(s, score.poly_bound)) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float r = flash::softcap_poly_r(s[0][nt][e] * score.pre);
+        s[0][nt][e] = r;
+        sink(nt, e, fmaf(-r, r, r));
+      }
+  } else {
+    const float k = kTwoLog2e * score.pre;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sink(nt, e, to_softcap_r(s[0][nt][e], k));
+  }
+}
+
 // Given s = S and dp = dP - D of one step: s <- P, masked elements 0, and
 // dp <- the factor of P in dS = s o dp. Without softcap P = 2^(S mult -
 // lse2) and dp is left alone. Under softcap v = tanh(S pre) = 1 - 2r with
@@ -189,11 +217,7 @@ __device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&d
                                                 const flash::MaskPolicy& mask, int wg_row0,
                                                 int warp_row0, int col0, int lane) {
   if constexpr (kSoftcap) {
-    const float k = kTwoLog2e * score.pre;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp[0][nt][e] *= to_softcap_r(s[0][nt][e], k);
+    to_softcap_r_tile(s, score, [&dp](int nt, int e, float f) { dp[0][nt][e] *= f; });
     p_from_scores<kRowsAreKeys>(s, lse2, -2.0f * score.mult, mask, wg_row0, warp_row0, col0, lane);
   } else {
     p_from_scores<kRowsAreKeys>(s, lse2, score.mult, mask, wg_row0, warp_row0, col0, lane);
@@ -221,12 +245,8 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
     // The S group has completed; dP (not read here) may still run.
     ptx::wgmma_wait<1>();
     ptx::pin(s[0]);
-    const float k = kTwoLog2e * score.pre;
     float factor[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) factor[nt][e] = to_softcap_r(s[0][nt][e], k);
+    to_softcap_r_tile(s, score, [&factor](int nt, int e, float f) { factor[nt][e] = f; });
     p_from_scores<kRowsAreKeys>(s, lse2, -2.0f * score.mult, mask, wg_row0, warp_row0, col0, lane);
     ptx::wgmma_wait<0>();
     ptx::pin(dp[0]);

@@ -118,11 +118,7 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
       // P^T (and the softcap factor), then the hand-over.
       [[maybe_unused]] float factor[kNT][4];
       if constexpr (kSoftcap) {
-        const float k = kTwoLog2e * p.c.score.pre;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) factor[nt][e] = to_softcap_r(x[0][nt][e], k);
+        to_softcap_r_tile(x, p.c.score, [&factor](int nt, int e, float f) { factor[nt][e] = f; });
         p_from_scores</*kRowsAreKeys=*/true>(x, lse2, -2.0f * p.c.score.mult, mask, w.n0, warp_key0,
                                              m0, lane);
       } else {

@@ -34,6 +34,12 @@ constexpr bool overlap_s_dp(bool softcap, int d) {
   return kBwdOverlapSdP && (!softcap || d <= kBwdOverlapSdPSoftcapMaxD);
 }
 
+// Under softcap, r = 1 / (e^(2 S pre) + 1) = (1 - tanh(S pre)) / 2 by the
+// forward's polynomial tanh (flash/softcap_poly.hpp, no MUFU op) on every
+// step where all of a warp's raw scores have |S pre| <= 0.625 (one vote),
+// else by ex2 + rcp (flash::softcap_r). Off: always the latter.
+constexpr bool kBwdSoftcapPoly = true;
+
 // Overlap in the dK/dV kernel: dV += P^T dO is committed on its own and runs
 // while dS^T is computed; then dK += dS^T Q. Off: both in one group after dS.
 constexpr bool kBwdOverlapDv = true;
