@@ -179,11 +179,12 @@ __device__ __forceinline__ float to_softcap_r(float& s, float k) {
 // sink(nt, e, r - r^2) for each element. By the polynomial (no MUFU op;
 // kBwdSoftcapPoly) where every raw score of the warp's tile is in its range
 // (softcap.cuh softcap_poly_applies, one vote; all lanes active), else by
-// ex2 + rcp. Both give r within about 1e-7.
-template <int kNT, class Sink>
+// ex2 + rcp; kPoly false (bwd_softcap_poly): always the latter. Both give r
+// within about 1e-7.
+template <bool kPoly, int kNT, class Sink>
 __device__ __forceinline__ void to_softcap_r_tile(float (&s)[1][kNT][4],
                                                   const flash::ScoreArgs& score, Sink&& sink) {
-  if (kBwdSoftcapPoly && softcap_poly_applies(s, score.poly_bound)) {
+  if (kPoly && softcap_poly_applies(s, score.poly_bound)) {
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
@@ -211,13 +212,13 @@ __device__ __forceinline__ void to_softcap_r_tile(float (&s)[1][kNT][4],
 //       dQ take back with BackwardParams::dkdq_scale.
 // That is 3 instructions per score fewer than forming v and 1 - v^2.
 // e^(2 S pre) = +inf gives r = 0 (v = 1), 0 gives r = 1 (v = -1).
-template <bool kRowsAreKeys, bool kSoftcap, int kNT>
+template <bool kRowsAreKeys, bool kSoftcap, bool kPolyR, int kNT>
 __device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&dp)[1][kNT][4],
                                                 const float* lse2, const flash::ScoreArgs& score,
                                                 const flash::MaskPolicy& mask, int wg_row0,
                                                 int warp_row0, int col0, int lane) {
   if constexpr (kSoftcap) {
-    to_softcap_r_tile(s, score, [&dp](int nt, int e, float f) { dp[0][nt][e] *= f; });
+    to_softcap_r_tile<kPolyR>(s, score, [&dp](int nt, int e, float f) { dp[0][nt][e] *= f; });
     p_from_scores<kRowsAreKeys>(s, lse2, -2.0f * score.mult, mask, wg_row0, warp_row0, col0, lane);
   } else {
     p_from_scores<kRowsAreKeys>(s, lse2, score.mult, mask, wg_row0, warp_row0, col0, lane);
@@ -235,7 +236,7 @@ __device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&d
 // under softcap the factor r - r^2, in a third array) is computed between
 // wait_group 1 (S has landed) and wait_group 0, while dP's wgmma still runs;
 // the products are the serial order's, so the results are bitwise the same.
-template <bool kRowsAreKeys, bool kSoftcap, bool kOverlapSdP, int kNT>
+template <bool kRowsAreKeys, bool kSoftcap, bool kOverlapSdP, bool kPolyR, int kNT>
 __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&dp)[1][kNT][4],
                                                  const float* lse2, const float* dsum,
                                                  const flash::ScoreArgs& score,
@@ -246,7 +247,7 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
     ptx::wgmma_wait<1>();
     ptx::pin(s[0]);
     float factor[kNT][4];
-    to_softcap_r_tile(s, score, [&factor](int nt, int e, float f) { factor[nt][e] = f; });
+    to_softcap_r_tile<kPolyR>(s, score, [&factor](int nt, int e, float f) { factor[nt][e] = f; });
     p_from_scores<kRowsAreKeys>(s, lse2, -2.0f * score.mult, mask, wg_row0, warp_row0, col0, lane);
     ptx::wgmma_wait<0>();
     ptx::pin(dp[0]);
@@ -268,8 +269,8 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
     ptx::pin(s[0]);
     ptx::pin(dp[0]);
     dp_minus_d<kRowsAreKeys>(dp, dsum, lane);
-    p_and_ds_factor<kRowsAreKeys, kSoftcap>(s, dp, lse2, score, mask, wg_row0, warp_row0, col0,
-                                            lane);
+    p_and_ds_factor<kRowsAreKeys, kSoftcap, kPolyR>(s, dp, lse2, score, mask, wg_row0, warp_row0,
+                                                    col0, lane);
   }
 }
 

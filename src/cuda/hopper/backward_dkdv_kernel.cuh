@@ -248,8 +248,8 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
         if constexpr (kHandover) {
           receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
           words_to_floats(dp_words, dp);
-          p_and_ds_factor</*kRowsAreKeys=*/true, kSoftcap>(s, dp, lse2, p.c.score, mask, wg_key0,
-                                                           warp_key0, m0, lane);
+          p_and_ds_factor</*kRowsAreKeys=*/true, kSoftcap, bwd_softcap_poly(kD)>(
+              s, dp, lse2, p.c.score, mask, wg_key0, warp_key0, m0, lane);
 #pragma unroll
           for (int kk = 0; kk < kStepsM; ++kk) {
             flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
@@ -289,7 +289,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       for (int kk = 0; kk < kStepsD; ++kk)
         ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
       ptx::wgmma_commit();
-      p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP>(
+      p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
           s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
     }
 

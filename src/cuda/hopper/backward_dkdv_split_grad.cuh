@@ -118,7 +118,8 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
       // P^T (and the softcap factor), then the hand-over.
       [[maybe_unused]] float factor[kNT][4];
       if constexpr (kSoftcap) {
-        to_softcap_r_tile(x, p.c.score, [&factor](int nt, int e, float f) { factor[nt][e] = f; });
+        to_softcap_r_tile<bwd_softcap_poly(kD)>(
+            x, p.c.score, [&factor](int nt, int e, float f) { factor[nt][e] = f; });
         p_from_scores</*kRowsAreKeys=*/true>(x, lse2, -2.0f * p.c.score.mult, mask, w.n0, warp_key0,
                                              m0, lane);
       } else {

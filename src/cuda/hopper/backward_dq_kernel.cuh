@@ -191,8 +191,8 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
         if constexpr (kHandover) {
           receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
           words_to_floats(dp_words, dp);
-          p_and_ds_factor</*kRowsAreKeys=*/false, kSoftcap>(s, dp, lse2, c.score, mask, wg_row0,
-                                                            warp_row0, n0, lane);
+          p_and_ds_factor</*kRowsAreKeys=*/false, kSoftcap, bwd_softcap_poly(kD)>(
+              s, dp, lse2, c.score, mask, wg_row0, warp_row0, n0, lane);
 #pragma unroll
           for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
           send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
@@ -229,7 +229,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
       for (int kk = 0; kk < kStepsD; ++kk)
         ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
       ptx::wgmma_commit();
-      p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP>(
+      p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
           s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
     }
 

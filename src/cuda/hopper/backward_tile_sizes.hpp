@@ -37,8 +37,16 @@ constexpr bool overlap_s_dp(bool softcap, int d) {
 // Under softcap, r = 1 / (e^(2 S pre) + 1) = (1 - tanh(S pre)) / 2 by the
 // forward's polynomial tanh (flash/softcap_poly.hpp, no MUFU op) on every
 // step where all of a warp's raw scores have |S pre| <= 0.625 (one vote),
-// else by ex2 + rcp (flash::softcap_r). Off: always the latter.
+// else by ex2 + rcp (flash::softcap_r), for d <= kBwdSoftcapPolyMaxD. Off:
+// always the latter. H200, one call, two builds each (bwd TFLOP/s, on for
+// every d / off): d64 causal cap30 B4 T4k 329, 330 / 315, 315; d128 causal
+// 436, 437 / 440, 440, B1 T16k 480, 477 / 481, 485, non-causal 469, 468 /
+// 475, 475; d256 causal w4096 cap50 B2 T8k 372, 370 / 379, 378. d64's
+// kernel has half the tensor work per score and gains; d128 and d256 are
+// not bound by the MUFU pipe and lose the vote and the longer chain.
 constexpr bool kBwdSoftcapPoly = true;
+constexpr int kBwdSoftcapPolyMaxD = 64;
+constexpr bool bwd_softcap_poly(int d) { return kBwdSoftcapPoly && d <= kBwdSoftcapPolyMaxD; }
 
 // Overlap in the dK/dV kernel: dV += P^T dO is committed on its own and runs
 // while dS^T is computed; then dK += dS^T Q. Off: both in one group after dS.

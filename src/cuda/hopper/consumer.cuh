@@ -272,7 +272,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
                           float(&alpha)[kSoftmaxRows]) -> bool {
     const int n0 = (tile.keys.last - it) * kBN;
     if constexpr (kSoftcap && !kRowMax) {  // S becomes v mult
-      if (kSoftcapPoly && softcap_poly_applies(s, p.score.poly_bound))
+      if (kSoftcapPoly && Tile::kSoftcapPolyAllowed && softcap_poly_applies(s, p.score.poly_bound))
         softcap_exponents_poly(s, p.score.pre, p.score.poly_exponent);
       else if constexpr (Tile::kTwoMufuSoftcapExponents)
         flash::softcap_exponents(s, p.score.pre, sm.mult);

@@ -168,8 +168,15 @@ constexpr bool kLazyRescale = true;
 // The no-offset softcap softmax (flash/score_mode.hpp) forms its exponents
 // mult tanh(s pre) by flash/softcap_poly.hpp's polynomial, no MUFU op, on
 // every key tile where all of a warp's raw scores have |s pre| <= 0.625
-// (one vote per tile), else by the MUFU form of kTwoMufuSoftcapExponents.
-// Off: always the MUFU form (the poly branch is not compiled).
+// (one vote per tile), else by the MUFU form of kTwoMufuSoftcapExponents;
+// for tiles whose ForwardTile::kSoftcapPolyAllowed is set (d64, d128).
+// Off: always the MUFU form (the poly branch is not compiled). H200, one
+// call, two builds each (fwd TFLOP/s, on for every d / off): d128 causal
+// cap30 B4 T4k 423, 439 / 411, 411, B1 T16k 474, 474 / 445, 446,
+// non-causal 466, 463 / 438, 438; d64 causal cap30 282, 280 / 233, 231;
+// d256 causal w4096 cap50 B2 T8k 546, 609 / 587, 636 (hence not d256).
+// The bench's inputs (N(0.5, 1)) give logits far inside the range; logits
+// beyond 0.625 cap run as before.
 constexpr bool kSoftcapPoly = true;
 
 // ForwardTile<kD, kWide>: kD the head dimension; kWide the wide key tile
@@ -210,6 +217,7 @@ struct ForwardTile<64> {
   static constexpr bool kMulticastAllowed = false;  // one column block: nothing to split
   static constexpr bool kFastSoftcapAllowed = true;
   static constexpr bool kTwoMufuSoftcapExponents = false;
+  static constexpr bool kSoftcapPolyAllowed = true;
 };
 // A wide tile is its head dimension's default with a longer key tile (and
 // what that costs in registers): every other property is the default's.
@@ -231,6 +239,7 @@ struct ForwardTile<128> {
   static constexpr bool kMulticastAllowed = true;
   static constexpr bool kFastSoftcapAllowed = true;
   static constexpr bool kTwoMufuSoftcapExponents = true;
+  static constexpr bool kSoftcapPolyAllowed = true;
 };
 // 128 x 176: S is 88 f32 per consumer thread (m64n176k16), P 44 packed
 // registers (11 k16 steps of the P V GEMM), O 64; at 220 of 240 registers
@@ -254,6 +263,8 @@ struct ForwardTile<256> {
   // elements per GEMM FLOP of d128, so the MUFU pipe does not bound it.
   static constexpr bool kFastSoftcapAllowed = false;
   static constexpr bool kTwoMufuSoftcapExponents = true;
+  // Measured slower with the polynomial tanh (kSoftcapPoly): not MUFU-bound.
+  static constexpr bool kSoftcapPolyAllowed = false;
 };
 
 // Whether head dimension d has a wide tile for softcap on or off at all:
