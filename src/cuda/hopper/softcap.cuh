@@ -7,7 +7,10 @@
 //   that softcapped forward. Here the reciprocal is computed on the FMA pipe.
 // - softcap_without_row_max: the exponents v mult directly, in the same
 //   one-MUFU form (apply_softcap_1mufu<true>) or in cuda-flash's two-MUFU form
-//   (flash::softcap_exponents), per ForwardTile::kTwoMufuSoftcapExponents.
+//   (flash::softcap_exponents), per ForwardTile::kTwoMufuSoftcapExponents;
+//   or, on warp tiles whose logits all lie within 0.625 cap, by the
+//   polynomial of flash/softcap_poly.hpp with no MUFU op (kSoftcapPoly,
+//   softcap_poly_applies and softcap_exponents_poly at the end of this file).
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp
 // (softcap cases) and, on the host, against std::tanh over |y| <= 30 for
 // several pre factors: absolute error <= 1.5e-7 (cuda-flash's: 1.9e-7;
