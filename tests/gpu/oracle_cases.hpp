@@ -52,16 +52,18 @@ inline OracleCase large_logits(OracleCase c) {
   return c;
 }
 
-// Softcap 30 with logits straddling the polynomial tanh's range
-// (flash/softcap_poly.hpp: |logit| <= 0.625 cap = 18.75). The check's
-// inputs (N(0.5, 1) elements) give q.k ~ N(d / 4, sqrt(1.5 d)); a warp
-// tile's largest of its 2048 raw scores lies near mean + 3.5 sd (+- 0.4
-// sd), so with the scale putting that at 18.75 some warp tiles of a problem
-// take the polynomial and others the MUFU form in one run (the default
-// 1/sqrt(d) keeps every tile inside, large_logits every tile outside).
+// Softcap with logits straddling the polynomial tanh's range
+// (flash/softcap_poly.hpp: |logit| <= 0.625 cap, 18.75 at cap 30). The
+// check's inputs (N(0.5, 1) elements) give q.k ~ N(d / 4, sqrt(1.5 d)); a
+// warp tile's largest of its 2048 raw scores lies near mean + 3.5 sd (+- 0.4
+// sd), so with the scale putting that at 0.625 cap some warp tiles of a
+// problem take the polynomial and others the MUFU form in one run (the
+// default 1/sqrt(d) keeps every tile inside, large_logits every tile
+// outside).
 inline OracleCase straddling_poly_range(OracleCase c) {
   const double d = double(c.problem.d);
-  c.problem.scale = float(18.75 / (d / 4.0 + 3.5 * std::sqrt(1.5 * d)));
+  const double bound = 0.625 * double(c.problem.softcap);
+  c.problem.scale = float(bound / (d / 4.0 + 3.5 * std::sqrt(1.5 * d)));
   return c;
 }
 

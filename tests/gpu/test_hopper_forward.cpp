@@ -86,7 +86,7 @@ std::vector<HopperCase> cases() {
       large_logits(
           make("T300_causal_softcap60_d128_row_max", 1, 300, 300, 4, 2, 128, true, 0, 60.0f)),
       make("T300_causal_softcap30_d128_small_logits", 1, 300, 300, 4, 1, 128, true, 0, 30.0f),
-      // The no-maximum mode's polynomial tanh (tile_sizes.hpp kSoftcapPoly):
+      // The polynomial tanh (tile_sizes.hpp kSoftcapPoly), no-maximum mode:
       // the small-logit cases take it on every tile, the large_logits ones
       // never; these mix both paths among the warp tiles of one problem.
       straddling_poly_range(
@@ -95,6 +95,15 @@ std::vector<HopperCase> cases() {
           make("B2_T500_softcap30_d128_wide_poly_mixed", 2, 500, 500, 4, 1, 128, false, 0, 30.0f)),
       straddling_poly_range(
           make("T400_causal_softcap30_d64_poly_mixed", 1, 400, 400, 4, 2, 64, true, 0, 30.0f)),
+      // The running-maximum softcap mode's tanh (f16; bf16 with cap 60).
+      straddling_poly_range(make("T500_causal_softcap30_d128_f16_poly_mixed", 1, 500, 500, 4, 2,
+                                 128, true, 0, 30.0f, f16)),
+      straddling_poly_range(
+          make("T300_softcap60_d128_row_max_poly_mixed", 1, 300, 300, 2, 1, 128, false, 0, 60.0f)),
+      straddling_poly_range(make("T300_causal_softcap30_d64_f16_poly_mixed", 1, 300, 300, 2, 1, 64,
+                                 true, 0, 30.0f, f16)),
+      make("T300_causal_softcap30_d128_f16_small_logits", 1, 300, 300, 4, 2, 128, true, 0, 30.0f,
+           f16),
       straddling_poly_range(
           make("T300_causal_softcap30_d256_poly_mixed", 1, 300, 300, 2, 1, 256, true, 0, 30.0f)),
       large_logits(make("Tq200_Tk37_causal_softcap20_d128_empty_rows", 1, 200, 37, 2, 1, 128, true,

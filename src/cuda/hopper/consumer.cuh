@@ -278,8 +278,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
         flash::softcap_exponents(s, p.score.pre, sm.mult);
       else
         apply_softcap_1mufu</*kScaled=*/true>(s, p.score.pre, sm.mult);
-    } else if constexpr (kSoftcap) {
-      if constexpr (kFastSoftcap && Tile::kFastSoftcapAllowed)
+    } else if constexpr (kSoftcap) {  // S becomes v
+      if (kSoftcapPoly && Tile::kSoftcapPolyAllowed && softcap_poly_applies(s, p.score.poly_bound))
+        softcap_tanh_poly(s, p.score.pre);
+      else if constexpr (kFastSoftcap && Tile::kFastSoftcapAllowed)
         apply_softcap_1mufu(s, p.score.pre);
       else
         flash::apply_softcap(s, p.score.pre);

@@ -10,7 +10,8 @@
 //   (flash::softcap_exponents), per ForwardTile::kTwoMufuSoftcapExponents;
 //   or, on warp tiles whose logits all lie within 0.625 cap, by the
 //   polynomial of flash/softcap_poly.hpp with no MUFU op (kSoftcapPoly,
-//   softcap_poly_applies and softcap_exponents_poly at the end of this file).
+//   softcap_poly_applies and softcap_exponents_poly at the end of this file;
+//   the running-maximum mode likewise, softcap_tanh_poly).
 // Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp
 // (softcap cases) and, on the host, against std::tanh over |y| <= 30 for
 // several pre factors: absolute error <= 1.5e-7 (cuda-flash's: 1.9e-7;
@@ -113,6 +114,19 @@ __device__ __forceinline__ void softcap_exponents_poly(
         const float y = acc[mt][nt][e] * pre;
         acc[mt][nt][e] = y * flash::softcap_poly_factor(y * y, coef);
       }
+}
+
+// acc = tanh(acc pre) by the polynomial, the running-maximum softcap mode's
+// v (ScoreArgs: the capped logit is cap * v). Only where
+// softcap_poly_applies: mul, mul, 4 fma, mul.
+template <int kMT, int kNT>
+__device__ __forceinline__ void softcap_tanh_poly(float (&acc)[kMT][kNT][4], float pre) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = flash::softcap_poly_tanh(acc[mt][nt][e] * pre);
 }
 
 }  // namespace gqattn::hopper

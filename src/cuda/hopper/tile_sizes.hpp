@@ -168,7 +168,8 @@ constexpr bool kLazyRescale = true;
 // The no-offset softcap softmax (flash/score_mode.hpp) forms its exponents
 // mult tanh(s pre) by flash/softcap_poly.hpp's polynomial, no MUFU op, on
 // every key tile where all of a warp's raw scores have |s pre| <= 0.625
-// (one vote per tile), else by the MUFU form of kTwoMufuSoftcapExponents;
+// (one vote per tile), else by the MUFU form of kTwoMufuSoftcapExponents
+// (the running-maximum softcap mode, f16 or cap > 52.68, its tanh likewise);
 // for tiles whose ForwardTile::kSoftcapPolyAllowed is set (d64, d128).
 // Off: always the MUFU form (the poly branch is not compiled). H200, one
 // call, two builds each (fwd TFLOP/s, on for every d / off): d128 causal
