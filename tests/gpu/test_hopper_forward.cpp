@@ -19,13 +19,16 @@
 // clusters), windowed, wide and padded cases; the MHA cases (H = Hkv) and
 // softcap take the plain-CTA kernel of the same tile.
 // Also: a stride TMA cannot use is refused naming the tensor (the
-// backward, d 64/128/256, is tests/gpu/test_hopper_backward.cpp). Every
+// backward, d 64/128/256, is tests/gpu/test_hopper_backward.cpp); an o
+// stride TMA cannot store takes the epilogue's plain stores and gives the
+// same bits; an odd o stride is refused. Every
 // case skips, saying why, where cuda-hopper cannot run (no device, not
 // sm_90, no sm_90a code in the build).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -292,6 +295,94 @@ TEST(HopperSupport, MisalignedStrideNamesTheTensor) {
     EXPECT_NE(what.find("k.stride[1]*2 bytes must be a multiple of 16"), std::string::npos) << what;
   }
   for (uint16_t bits : t.o.download<uint16_t>()) ASSERT_EQ(bits, 0xFFFFu);
+}
+
+// bf16 bits of N(0, 1) samples.
+std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> bits(static_cast<std::size_t>(n));
+  for (uint16_t& b : bits) b = gqattn::float_to_bf16(normal(rng));
+  return bits;
+}
+
+constexpr uint16_t kPoisonBits = 0xFFFFu;  // DeviceBuffer::poison's bf16 (a NaN)
+
+// An o row stride of H*d + 2 elements (4-byte pieces, not 16-byte ones): TMA
+// cannot store it, so the epilogue takes its plain 32-bit stores instead of
+// the staged TMA store (tile_sizes.hpp kTmaStoreOutput); it must give the
+// same bits as packed o and leave the gaps between rows alone. d64 and d128
+// (the tiles that stage O), causal, GQA 2 (d128: the multicast kernel),
+// Tq not a multiple of the 64-row stores.
+TEST(HopperForwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
+  for (const int64_t d : {int64_t(64), int64_t(128)}) {
+    Problem p = small_problem(d);
+    p.B = 2;
+    p.Tq = p.Tk = 300;
+    p.H = 4;
+    p.Hkv = 2;
+    const std::string why = why_not_hopper(p, DType::bf16);
+    if (!why.empty()) GTEST_SKIP() << why;
+    SCOPED_TRACE("d = " + std::to_string(d));
+    Tensors t(p);
+    t.q.upload(random_bf16(p.B * p.Tq * p.H * p.d, kSeed));
+    t.k.upload(random_bf16(p.B * p.Tk * p.Hkv * p.d, kSeed + 1));
+    t.v.upload(random_bf16(p.B * p.Tk * p.Hkv * p.d, kSeed + 2));
+    t.o.poison();
+    gqattn::Options options;
+    options.backend = Backend::CudaHopper;
+    gqattn::forward(p, ref(t.q, p, p.Tq, p.H), ref(t.k, p, p.Tk, p.Hkv), ref(t.v, p, p.Tk, p.Hkv),
+                    ref(t.o, p, p.Tq, p.H), gqattn::TensorRef{}, options);
+    const std::vector<uint16_t> packed = t.o.download<uint16_t>();
+    for (uint16_t bits : packed) ASSERT_NE(bits, kPoisonBits) << "packed o not fully written";
+
+    constexpr int64_t kPairGap = 2;
+    const int64_t row = p.H * p.d + kPairGap;
+    gqattn::test::DeviceBuffer o_wide(Tensors::bytes(p.B * p.Tq * row));
+    o_wide.poison();
+    gqattn::TensorRef o_ref = ref(o_wide, p, p.Tq, p.H);
+    o_ref.stride[1] = row;
+    o_ref.stride[0] = row * p.Tq;
+    gqattn::forward(p, ref(t.q, p, p.Tq, p.H), ref(t.k, p, p.Tk, p.Hkv), ref(t.v, p, p.Tk, p.Hkv),
+                    o_ref, gqattn::TensorRef{}, options);
+    const std::vector<uint16_t> wide = o_wide.download<uint16_t>();
+    int64_t differing = 0, gap_written = 0;
+    for (int64_t r = 0; r < p.B * p.Tq; ++r) {
+      for (int64_t e = 0; e < p.H * p.d; ++e)
+        differing += wide[std::size_t(r * row + e)] != packed[std::size_t(r * p.H * p.d + e)];
+      for (int64_t e = p.H * p.d; e < row; ++e)
+        gap_written += wide[std::size_t(r * row + e)] != kPoisonBits;
+    }
+    EXPECT_EQ(differing, 0) << "elements differing from the packed (TMA-stored) o";
+    EXPECT_EQ(gap_written, 0) << "gap elements written";
+  }
+}
+
+// An odd o row stride: the plain stores write two elements per 32-bit store,
+// so the refusal names o and nothing is written.
+TEST(HopperSupport, OddOutputStrideNamesTheTensor) {
+  const Problem p = small_problem(128);
+  const std::string why = why_not_hopper(p, DType::bf16);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int64_t row = p.H * p.d + 1;
+  Tensors t(p);
+  gqattn::test::DeviceBuffer o_wide(Tensors::bytes(p.B * p.Tq * row));
+  o_wide.poison();
+  gqattn::TensorRef o_ref = ref(o_wide, p, p.Tq, p.H);
+  o_ref.stride[1] = row;
+  o_ref.stride[0] = row * p.Tq;
+  gqattn::Options options;
+  options.backend = Backend::CudaHopper;
+  try {
+    gqattn::forward(p, ref(t.q, p, p.Tq, p.H), ref(t.k, p, p.Tk, p.Hkv), ref(t.v, p, p.Tk, p.Hkv),
+                    o_ref, gqattn::TensorRef{}, options);
+    FAIL() << "an o row stride of " << row << " elements was accepted";
+  } catch (const gqattn::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cuda-hopper"), std::string::npos) << what;
+    EXPECT_NE(what.find("o.stride[1]*2 bytes must be a multiple of 4"), std::string::npos) << what;
+  }
+  for (uint16_t bits : o_wide.download<uint16_t>()) ASSERT_EQ(bits, kPoisonBits);
 }
 
 #endif  // GQATTN_WITH_CUDA

@@ -1,44 +1,134 @@
-// cuda-hopper: the forward's epilogue: a consumer warp's O rows (already
-// normalised, f32 in the wgmma accumulator layout) rounded to the I/O type
-// and stored from registers, two columns per 32-bit store, and lse (natural
-// log) stored by the lane that owns each row. Rows past Tq are not written;
-// lse is skipped when p.lse is null. Checked by
-// tests/gpu/test_hopper_forward.cpp (NaN-poisoned outputs catch unwritten
-// rows). TODO(perf): stage O through shared memory and store it by TMA.
+// cuda-hopper: the forward's epilogue: a consumer warpgroup's 64 rows of O
+// (already normalised, f32 in the wgmma accumulator layout) rounded to the
+// I/O type and stored, and lse (natural log) stored by the lane that owns
+// each row (skipped when p.lse is null). Two ways for O:
+// - staged (tile_sizes.hpp kTmaStoreOutput, where the tile stages O and
+//   ForwardParams::o_by_tma): the warpgroup writes its rows into its own
+//   staging area of shared memory, swizzled as the O map expects, and its
+//   first thread stores them by TMA, which clips rows past Tq; the
+//   consumers go on at once, and only the next tile's epilogue waits until
+//   the copy has read the staging area;
+// - plain: 32-bit stores from registers, two columns each; rows past Tq are
+//   not written.
+// Checked by tests/gpu/test_hopper_forward.cpp (NaN-poisoned outputs catch
+// unwritten rows, padded strides catch writes outside the tensor; an o
+// stride TMA cannot take runs the plain stores and must give the same bits).
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/consumer.cuh"
+#include "cuda/hopper/operand_layout.hpp"
 #include "cuda/hopper/params.hpp"
+#include "cuda/hopper/ptx/barrier.cuh"
+#include "cuda/hopper/ptx/bulk_reduce.cuh"
+#include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/tile_coord.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
 namespace gqattn::hopper {
 
+// Named barriers of the staged epilogue, one per consumer warpgroup, after
+// the ping-pong's (consumer.cuh PingPong).
+constexpr uint32_t kOutputBarrier = ptx::kFirstNamedBarrier + kConsumerWarpgroups;
+static_assert(kOutputBarrier + kConsumerWarpgroups <= ptx::kNamedBarrierCount,
+              "epilogue barrier IDs out of range");
+
+// The thread of each consumer warpgroup that issues its TMA stores (and so
+// owns their bulk async-group).
+__device__ __forceinline__ bool output_store_issuer() {
+  return int(threadIdx.x) % kWarpgroupThreads == 0;
+}
+
+template <class Tile, typename Elem>
+__device__ __forceinline__ void store_output_staged(const ForwardParams& p, const TileCoord& tile,
+                                                    int wg, const ConsumerResult<Tile::kD>& r,
+                                                    uint32_t smem) {
+  constexpr int kD = Tile::kD;
+  using L = SmemLayout<Tile>;
+  const uint32_t barrier = kOutputBarrier + uint32_t(wg);
+  const uint32_t staging = smem + L::kOut + uint32_t(wg) * L::kOutWarpgroupBytes;
+  const bool issuer = output_store_issuer();
+  // The previous tile's copy must have read the staging area before it is
+  // overwritten; only its issuer can wait for that.
+  if (issuer) ptx::bulk_wait_read_all();
+  ptx::named_barrier_sync(barrier, kWarpgroupThreads);
+
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
+  const int col0 = flash::frag_col(lane);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = warp * flash::kMmaM + flash::frag_row(lane) + half * flash::kFragRowHalf;
+    // Per store instruction the 8 rows of a warp hit 8 different 16-byte
+    // chunks (the swizzle XORs the chunk with row % 8): no bank conflict.
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      const uint32_t addr = staging + k_major_offset(row, i * 8 + col0, kWgmmaM);
+      const uint32_t pair = flash::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
+    }
+  }
+  // Every thread's writes, then the barrier, then the copy reads them.
+  ptx::fence_proxy_async_shared();
+  ptx::named_barrier_sync(barrier, kWarpgroupThreads);
+  if (issuer) {
+    constexpr uint32_t kBlockBytes = uint32_t(kWgmmaM) * kSwizzleBytes;
+#pragma unroll
+    for (int c = 0; c < kD / kColBlock; ++c)
+      ptx::tma_store_4d(&p.o_map, staging + c * kBlockBytes, c * kColBlock, tile.h,
+                        tile.m0 + wg * kWgmmaM, tile.b);
+    ptx::bulk_commit();
+  }
+}
+
 template <int kD, typename Elem>
-__device__ __forceinline__ void store_output(const ForwardParams& p, const TileCoord& tile, int tq,
-                                             int wg, const ConsumerResult<kD>& r) {
-  constexpr int kHalfRows = flash::kFragRowHalf;  // a fragment's second row is g + 8
+__device__ __forceinline__ void store_output_plain(const ForwardParams& p, const TileCoord& tile,
+                                                   int tq, int wg, const ConsumerResult<kD>& r) {
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
   const int row0 = tile.m0 + wg * kWgmmaM + warp * flash::kMmaM + flash::frag_row(lane);
   const int col0 = flash::frag_col(lane);
   Elem* o = static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch + tile.h * p.o_stride.head;
-  float* lse =
-      p.lse == nullptr ? nullptr : p.lse + tile.b * p.lse_batch_stride + tile.h * p.lse_head_stride;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = row0 + half * kHalfRows;
+    const int row = row0 + half * flash::kFragRowHalf;
     if (row >= tq) continue;
     Elem* o_row = o + int64_t(row) * p.o_stride.row + col0;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
       *reinterpret_cast<uint32_t*>(o_row + i * 8) =
           flash::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
-    if (lse != nullptr && col0 == 0) lse[row] = r.lse[half];
   }
+}
+
+template <class Tile, typename Elem>
+__device__ __forceinline__ void store_output(const ForwardParams& p, const TileCoord& tile, int tq,
+                                             int wg, const ConsumerResult<Tile::kD>& r,
+                                             uint32_t smem) {
+  if (stages_output<Tile>() && p.o_by_tma)
+    store_output_staged<Tile, Elem>(p, tile, wg, r, smem);
+  else
+    store_output_plain<Tile::kD, Elem>(p, tile, tq, wg, r);
+
+  const int lane = int(threadIdx.x) % kWarpSize;
+  if (p.lse == nullptr || flash::frag_col(lane) != 0) return;
+  const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
+  const int row0 = tile.m0 + wg * kWgmmaM + warp * flash::kMmaM + flash::frag_row(lane);
+  float* lse = p.lse + tile.b * p.lse_batch_stride + tile.h * p.lse_head_stride;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + half * flash::kFragRowHalf;
+    if (row < tq) lse[row] = r.lse[half];
+  }
+}
+
+// After the CTA's last tile: the TMA stores have completed (their source,
+// shared memory, must stay valid until they have read it).
+template <class Tile>
+__device__ __forceinline__ void finish_output(const ForwardParams& p) {
+  if (stages_output<Tile>() && p.o_by_tma && output_store_issuer()) ptx::bulk_wait_all();
 }
 
 }  // namespace gqattn::hopper

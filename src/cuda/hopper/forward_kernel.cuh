@@ -9,8 +9,9 @@
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each, wgmma
 //     main loop (consumer.cuh; GEMM issues alternate between the two through
 //     named barriers 8 and 9 when ping-pong is on), then the epilogue
-//     (epilogue.cuh), per tile; the producer meanwhile loads the next
-//     tile's Q (once both warpgroups released Q) and K/V.
+//     (epilogue.cuh: O by TMA from a staging area where the tile has one),
+//     per tile; the producer meanwhile loads the next tile's Q (once both
+//     warpgroups released Q) and K/V.
 // kCluster 2 (K/V multicast, tile_sizes.hpp kMulticastKV): the kernel runs
 // in clusters of two CTAs on two query heads of one kv head; each producer
 // copies half of every K/V tile into both CTAs, so the K/V empty barriers
@@ -107,10 +108,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const TileCoord tile = tile_coord<Tile>(p, mask, int(schedule.index(t)));
     ConsumerResult<kD> result;
     consume<Tile, Elem, kScores, kCluster>(p, tile, mask, smem, wg, t, kv_base, pp, result);
-    store_output<kD, Elem>(p, tile, mask.tq, wg, result);
+    store_output<Tile, Elem>(p, tile, mask.tq, wg, result, smem);
     kv_base += max(0, tile.keys.last - tile.keys.first + 1);
   }
   pp.drain();
+  finish_output<Tile>(p);
   if constexpr (kCluster > 1) ptx::cluster_sync();
 #else
   (void)p;

@@ -139,11 +139,14 @@ class CudaHopperBackend final : public BackendImpl {
     std::string r = cuda::why_not_device_pointer(t.data, name);
     // q, k, v (and the backward's do) are read by TMA and need its
     // alignment; dq, dk, dv are written two elements per 32-bit store; the
-    // forward writes o and lse with plain stores, while the backward reads o
-    // in 16-byte chunks (cuda-flash's preprocessing kernel).
+    // forward writes o by TMA where o meets TMA's alignment, else two
+    // elements per 32-bit store (lse one float at a time), while the
+    // backward reads o in 16-byte chunks (cuda-flash's preprocessing kernel).
     const std::string role = name;
     if (r.empty() && role == "o" && pass == Pass::backward)
       r = why_misaligned(t, name, kChunkBytes, "the backward's 16-byte loads");
+    if (r.empty() && role == "o" && pass == Pass::forward)
+      r = why_misaligned(t, name, kPairBytes, "32-bit stores");
     if (r.empty() && (role == "q" || role == "k" || role == "v" || role == "do"))
       r = hopper::why_not_tma(t, name);
     if (r.empty() && (role == "dq" || role == "dk" || role == "dv"))
@@ -158,6 +161,10 @@ class CudaHopperBackend final : public BackendImpl {
     p.q_map = hopper::make_tile_map(a.q, box_rows_q(d), "q");
     p.k_map = hopper::make_tile_map(a.k, box_rows_kv(d, wide), "k");
     p.v_map = hopper::make_tile_map(a.v, box_rows_kv(d, wide), "v");
+    // o goes by TMA where its alignment allows (why_not_tensor asks TMA's
+    // alignment of q, k, v only): the kernel's choice, results identical.
+    p.o_by_tma = hopper::why_not_tma(a.o, "o").empty();
+    if (p.o_by_tma) p.o_map = hopper::make_tile_map(a.o, hopper::kWgmmaM, "o");
     p.o = a.o.data;
     p.o_stride = flash::row_strides(a.o);
     p.lse = static_cast<float*>(a.lse.data);

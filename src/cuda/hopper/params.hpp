@@ -27,6 +27,11 @@ struct ForwardParams {
   CUtensorMap q_map;
   CUtensorMap k_map;
   CUtensorMap v_map;
+  // o [B, Tq, H, d]: by TMA through the map (boxes of 64 columns x 64 rows)
+  // where o_by_tma and the tile stages O (tile_sizes.hpp kTmaStoreOutput),
+  // else by plain stores through the pointer and strides.
+  CUtensorMap o_map;
+  bool o_by_tma = false;
   void* o = nullptr;
   RowStrides o_stride;
   float* lse = nullptr;  // may be null: then lse is not written

@@ -119,6 +119,19 @@ constexpr bool kWideSoftcapD128 = false;
 constexpr bool kWideD64 = true;
 constexpr int kWideD64MinKeys = 4096;
 constexpr bool kMulticastKV = true;
+// kTmaStoreOutput: the epilogue (epilogue.cuh) writes each warpgroup's 64
+// rows of O, rounded, into a staging area of shared memory in the swizzled
+// layout of the O map, and one thread stores them by TMA, so the consumers
+// go on to the next work tile at once; where the tile's shared memory has
+// room (ForwardTile::kStageOutputAllowed) and o meets TMA's alignment
+// (ForwardParams::o_by_tma, decided on the host). Otherwise, and off: plain
+// 32-bit stores from registers, which a warp issues as 32 (d128) scattered
+// 16-byte pieces of 8 rows each. The cost it attacks, measured on the
+// H200 by skipping the stores (wrong results; fwd TFLOP/s, base / no O
+// stores): causal B16 T1k 408 / 456, window 1024 474 / 513, causal T4k 600
+// / 627, d64 T4k 402 / 400: short rows pay most (an epilogue per 4-9 key
+// tiles).
+constexpr bool kTmaStoreOutput = true;
 // kKvGroupedOrder: the work tiles of problems with neither causal mask nor
 // window (all equally long) run in tile_order.hpp's kv-grouped order,
 // ForwardTile::kKvGroupPairs (batch, kv head) pairs at a time, so that the
@@ -189,6 +202,9 @@ constexpr bool kSoftcapPoly = true;
 // kKvGroupPairs: (batch, kv head) pairs per group of the kv-grouped tile
 // order (kKvGroupedOrder); 0: longest first always.
 // kQInRegistersAllowed: the tile may take Q from registers (kQInRegisters).
+// kStageOutputAllowed: the tile has shared memory left for O's staging area
+// (kBlockM x d, kTmaStoreOutput): not the wide d128 tile (208 KB without
+// it) nor d256 (192 KB, and 64 KB more for O).
 // kFmaExp2QuartersPlain / kFmaExp2QuartersSoftcap: of every four n8 blocks
 // of P, how many take their exponentials on the FMA pipe
 // (flash::exp2_fma) instead of the MUFU, without and with softcap. The
@@ -221,6 +237,7 @@ struct ForwardTile<64> {
   static constexpr bool kFastSoftcapAllowed = true;
   static constexpr bool kTwoMufuSoftcapExponents = false;
   static constexpr bool kSoftcapPolyAllowed = true;
+  static constexpr bool kStageOutputAllowed = true;
 };
 // A wide tile is its head dimension's default with a longer key tile (and
 // what that costs in registers): every other property is the default's.
@@ -243,6 +260,7 @@ struct ForwardTile<128> {
   static constexpr bool kFastSoftcapAllowed = true;
   static constexpr bool kTwoMufuSoftcapExponents = true;
   static constexpr bool kSoftcapPolyAllowed = true;
+  static constexpr bool kStageOutputAllowed = true;
 };
 // 128 x 176: S is 88 f32 per consumer thread (m64n176k16), P 44 packed
 // registers (11 k16 steps of the P V GEMM), O 64; at 220 of 240 registers
@@ -251,6 +269,7 @@ template <>
 struct ForwardTile<128, true> : ForwardTile<128> {
   static constexpr int kBlockN = 176;
   static constexpr bool kQInRegistersAllowed = false;
+  static constexpr bool kStageOutputAllowed = false;
 };
 template <>
 struct ForwardTile<256> {
@@ -268,6 +287,7 @@ struct ForwardTile<256> {
   static constexpr bool kTwoMufuSoftcapExponents = true;
   // Measured slower with the polynomial tanh (kSoftcapPoly): not MUFU-bound.
   static constexpr bool kSoftcapPolyAllowed = false;
+  static constexpr bool kStageOutputAllowed = false;
 };
 
 // Whether head dimension d has a wide tile for softcap on or off at all:
@@ -318,10 +338,17 @@ constexpr int forward_cluster_ctas(int H, int Hkv) {
              : 1;
 }
 
+// Whether the epilogue of `Tile` stages O for a TMA store (kTmaStoreOutput).
+template <class Tile>
+constexpr bool stages_output() {
+  return kTmaStoreOutput && Tile::kStageOutputAllowed;
+}
+
 // Byte offsets of one CTA's shared memory, from a 1024-byte aligned base:
 // Q, then kStages K slots, then kStages V slots (each slot a whole tile, so
 // every tile starts on a swizzle-atom boundary), then the mbarriers, then
-// (atom-aligned) a tile of ones.
+// (atom-aligned) a tile of ones, then (where stages_output()) O's staging
+// area: per consumer warpgroup a K-major [64 x d] tile.
 template <class Tile>
 struct SmemLayout {
   static constexpr int kD = Tile::kD;
@@ -347,7 +374,11 @@ struct SmemLayout {
   static constexpr uint32_t kOnesBytes = 2 * kSwizzleAtomBytes;
   static constexpr uint32_t kOnes =
       (kQEmpty + kBarrierBytes + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
-  static constexpr uint32_t kEnd = kOnes + kOnesBytes;
+  static constexpr uint32_t kOutWarpgroupBytes = uint32_t(kWgmmaM) * kD * kElemBytes;
+  static constexpr uint32_t kOut = kOnes + kOnesBytes;
+  static constexpr uint32_t kOutBytes =
+      stages_output<Tile>() ? uint32_t(kConsumerWarpgroups) * kOutWarpgroupBytes : 0;
+  static constexpr uint32_t kEnd = kOut + kOutBytes;
   // Dynamic shared memory is only guaranteed 16-byte aligned: ask for one
   // atom more and round the base up.
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
@@ -356,8 +387,11 @@ struct SmemLayout {
   // 1024-byte boundary too: rows a multiple of 8 (176 rows: 22 atoms).
   static_assert(Tile::kBlockM % 8 == 0 && Tile::kBlockN % 8 == 0,
                 "column blocks must start on 1024-byte boundaries");
-  static_assert(kQBytes % kSwizzleAtomBytes == 0 && kKVBytes % kSwizzleAtomBytes == 0,
+  static_assert(kQBytes % kSwizzleAtomBytes == 0 && kKVBytes % kSwizzleAtomBytes == 0 &&
+                    kOut % kSwizzleAtomBytes == 0 && kOutWarpgroupBytes % kSwizzleAtomBytes == 0,
                 "tiles must start on 1024-byte boundaries");
+  static_assert(!stages_output<Tile>() || Tile::kBlockM == kConsumerWarpgroups * kWgmmaM,
+                "O's staging area holds one 64-row tile per consumer warpgroup");
   static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
   // A TMA box and a wgmma N have at most 256 rows; P V walks S in k16 steps.
   static_assert(Tile::kBlockM <= 256 && Tile::kBlockN <= 256, "a TMA box has at most 256 rows");
@@ -368,10 +402,16 @@ template <class Tile>
 constexpr std::size_t forward_smem_bytes() {
   return SmemLayout<Tile>::kAllocBytes;
 }
-// 128 x 128: 160 KB + barriers + 2 KB of ones; 128 x 176: Q 32 KB + 2 x 44
-// KB K + 2 x 44 KB V = 208 KB + barriers + ones, under the H100/H200 opt-in
-// of 227 KB.
-static_assert(forward_smem_bytes<ForwardTile<128, true>>() <= 227 * 1024,
-              "the wide d128 tile exceeds sm_90's shared memory");
+// Under the H100/H200 opt-in of 227 KB: 128 x 128 d128: 160 KB + barriers
+// + 2 KB of ones + 32 KB of O staging; 128 x 176: Q 32 KB + 2 x 44 KB K +
+// 2 x 44 KB V = 208 KB + barriers + ones; d256: Q 64 KB + 2 x 32 KB K + 2
+// x 32 KB V = 192 KB + barriers + ones.
+constexpr std::size_t kSm90SmemOptinBytes = 227 * 1024;
+static_assert(forward_smem_bytes<ForwardTile<64>>() <= kSm90SmemOptinBytes &&
+                  forward_smem_bytes<ForwardTile<64, true>>() <= kSm90SmemOptinBytes &&
+                  forward_smem_bytes<ForwardTile<128>>() <= kSm90SmemOptinBytes &&
+                  forward_smem_bytes<ForwardTile<128, true>>() <= kSm90SmemOptinBytes &&
+                  forward_smem_bytes<ForwardTile<256>>() <= kSm90SmemOptinBytes,
+              "a forward tile exceeds sm_90's shared memory");
 
 }  // namespace gqattn::hopper
