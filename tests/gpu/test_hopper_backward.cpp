@@ -11,13 +11,16 @@
 // the Q/dO and K/V rings several times; for d <= 128 both dQ paths, and
 // the fused one also with Options::deterministic = false (which cuda-hopper
 // runs with its ordered adds all the same); the dK/dV grid in groups of
-// pairs (GQATTN_HOPPER_DKDV_GROUP). Also: d = 256 is no longer refused.
+// pairs (GQATTN_HOPPER_DKDV_GROUP). Also: d = 256 is no longer refused; a
+// dk stride TMA cannot store sends all three gradients through the plain
+// stores, which must give the bits of the staged TMA stores.
 // Every case skips, saying why, where cuda-hopper's backward cannot run (no
 // device, not sm_90, no sm_90a code in the build).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -306,6 +309,96 @@ TEST(HopperBackwardSupport, GridGroupSwitchErrors) {
         p, Backend::CudaHopper, "GQATTN_HOPPER_DKDV_GROUP", value, /*deterministic=*/true);
     EXPECT_EQ(e.argument(), std::string("GQATTN_HOPPER_DKDV_GROUP = '") + value + "'") << e.what();
     EXPECT_NE(e.rule().find("whole number"), std::string::npos) << e.what();
+  }
+}
+
+// bf16 bits of N(0, 1) samples.
+std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> bits(static_cast<std::size_t>(n));
+  for (uint16_t& b : bits) b = gqattn::float_to_bf16(normal(rng));
+  return bits;
+}
+
+// A dk row stride of Hkv*d + 2 elements (4-byte pieces, not 16-byte ones):
+// TMA cannot store it, so dq, dk and dv all take the plain 32-bit stores
+// instead of the staged TMA stores (backward_tile_sizes.hpp
+// kBwdTmaStoreGradients, d >= 128); they must give the bits of the run
+// with packed gradients (staged) and leave dk's gaps between rows alone.
+// Every head dimension (d64 stores plainly both times), each dQ path it
+// has, causal, GQA 2, T not a multiple of the 64-row stores.
+TEST(HopperBackwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
+  struct Run {
+    int64_t d;
+    const char* dq_path;
+  };
+  for (const Run run : {Run{64, "fused"}, Run{64, "separate"}, Run{128, "fused"},
+                        Run{128, "separate"}, Run{256, "separate"}}) {
+    Problem p = d256_problem();
+    p.B = 2;
+    p.Tq = p.Tk = 300;
+    p.H = 4;
+    p.Hkv = 2;
+    p.d = run.d;
+    const std::string why = why_not_backward(p, DType::bf16);
+    if (!why.empty()) GTEST_SKIP() << why;
+    SCOPED_TRACE("d = " + std::to_string(run.d) + ", dQ path " + run.dq_path);
+    const gqattn::test::ScopedEnv path("GQATTN_HOPPER_DQ", run.dq_path);
+    using gqattn::test::DeviceBuffer;
+    const int64_t q_elems = p.B * p.Tq * p.H * p.d;
+    const int64_t kv_elems = p.B * p.Tk * p.Hkv * p.d;
+    constexpr std::size_t kElem = 2;
+    DeviceBuffer q(q_elems * kElem), k(kv_elems * kElem), v(kv_elems * kElem), o(q_elems * kElem),
+        dout(q_elems * kElem), dq(q_elems * kElem), dk(kv_elems * kElem), dv(kv_elems * kElem),
+        lse(std::size_t(p.B * p.H * p.Tq) * sizeof(float));
+    q.upload(random_bf16(q_elems, kSeed));
+    k.upload(random_bf16(kv_elems, kSeed + 1));
+    v.upload(random_bf16(kv_elems, kSeed + 2));
+    dout.upload(random_bf16(q_elems, kSeed + 3));
+    auto ref = [&](const DeviceBuffer& b, int64_t T, int64_t heads) {
+      return gqattn::contiguous(b.get(), DType::bf16, Device::cuda, p.B, T, heads, p.d);
+    };
+    const gqattn::TensorRef lse_ref =
+        gqattn::contiguous(lse.get(), DType::f32, Device::cuda, p.B, p.H, p.Tq);
+    gqattn::Options options;
+    options.backend = Backend::CudaHopper;
+    gqattn::forward(p, ref(q, p.Tq, p.H), ref(k, p.Tk, p.Hkv), ref(v, p.Tk, p.Hkv),
+                    ref(o, p.Tq, p.H), lse_ref, options);
+
+    for (DeviceBuffer* b : {&dq, &dk, &dv}) b->poison();
+    gqattn::backward(p, ref(q, p.Tq, p.H), ref(k, p.Tk, p.Hkv), ref(v, p.Tk, p.Hkv),
+                     ref(o, p.Tq, p.H), lse_ref, ref(dout, p.Tq, p.H), ref(dq, p.Tq, p.H),
+                     ref(dk, p.Tk, p.Hkv), ref(dv, p.Tk, p.Hkv), options);
+    const std::vector<uint16_t> dq_packed = dq.download<uint16_t>();
+    const std::vector<uint16_t> dk_packed = dk.download<uint16_t>();
+    const std::vector<uint16_t> dv_packed = dv.download<uint16_t>();
+    for (const std::vector<uint16_t>* g : {&dq_packed, &dk_packed, &dv_packed})
+      for (uint16_t bits : *g) ASSERT_NE(bits, 0xFFFFu) << "packed gradient not fully written";
+
+    constexpr int64_t kPairGap = 2;
+    const int64_t row = p.Hkv * p.d + kPairGap;
+    DeviceBuffer dk_wide(std::size_t(p.B * p.Tk * row) * kElem);
+    for (DeviceBuffer* b : {&dq, &dk_wide, &dv}) b->poison();
+    gqattn::TensorRef dk_ref = ref(dk_wide, p.Tk, p.Hkv);
+    dk_ref.stride[1] = row;
+    dk_ref.stride[0] = row * p.Tk;
+    gqattn::backward(p, ref(q, p.Tq, p.H), ref(k, p.Tk, p.Hkv), ref(v, p.Tk, p.Hkv),
+                     ref(o, p.Tq, p.H), lse_ref, ref(dout, p.Tq, p.H), ref(dq, p.Tq, p.H), dk_ref,
+                     ref(dv, p.Tk, p.Hkv), options);
+    EXPECT_TRUE(dq.download<uint16_t>() == dq_packed) << "dq differs from the staged run";
+    EXPECT_TRUE(dv.download<uint16_t>() == dv_packed) << "dv differs from the staged run";
+    const std::vector<uint16_t> wide = dk_wide.download<uint16_t>();
+    int64_t differing = 0, gap_written = 0;
+    for (int64_t r = 0; r < p.B * p.Tk; ++r) {
+      const int64_t packed_row = p.Hkv * p.d;
+      for (int64_t e = 0; e < packed_row; ++e)
+        differing += wide[std::size_t(r * row + e)] != dk_packed[std::size_t(r * packed_row + e)];
+      for (int64_t e = packed_row; e < row; ++e)
+        gap_written += wide[std::size_t(r * row + e)] != 0xFFFFu;
+    }
+    EXPECT_EQ(differing, 0) << "dk elements differing from the staged run";
+    EXPECT_EQ(gap_written, 0) << "dk gap elements written";
   }
 }
 #endif

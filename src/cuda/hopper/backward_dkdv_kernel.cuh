@@ -25,7 +25,8 @@
 //     theirs (named barrier), dQ_part = dS K (wgmma SS, both operands
 //     MN-major, issued before dK's), half of d per warpgroup, staged in
 //     shared memory while dK's wgmma runs;
-//   then dK *= scale and plain stores of the rows < Tk.
+//   then dK *= scale and the stores of the rows < Tk (by TMA from a staging
+//   area over the ring, backward_epilogue.cuh, or plain).
 //
 // Barriers (DkdvSmem): kv_full (count 1, phase 0 only); per slot s full[s]
 // (count 1: the producer's arrive.expect_tx of Q + dO + lse2 + D bytes) and
@@ -54,6 +55,7 @@
 #include "cuda/hopper/backward_dkdv_split_grad.cuh"
 #include "cuda/hopper/backward_dkdv_work.cuh"
 #include "cuda/hopper/backward_dq_fused.cuh"
+#include "cuda/hopper/backward_epilogue.cuh"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/backward_split_exchange.cuh"
 #include "cuda/hopper/ptx/bulk_copy.cuh"
@@ -368,8 +370,22 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
 
-  const flash::BackwardParams& c = p.c;
   const int col0 = kSplit ? wg * kDW : 0;
+  if (bwd_tma_store_gradients(kD) && p.grads_by_tma) {
+    const uint32_t dk_staging = smem + L::kGradStaging + uint32_t(2 * wg) * L::kGradTileBytes;
+    const uint32_t dv_staging = dk_staging + L::kGradTileBytes;
+    staging_acquire();
+    stage_gradient<kDW, Elem>(dk_staging, dk, p.dkdq_scale);
+    stage_gradient<kDW, Elem>(dv_staging, dv, 1.0f);
+    staging_publish();
+    if (gradient_store_issuer()) {
+      store_gradient_tile<kDW>(&p.dk_map, dk_staging, wg_key0, col0, w.hk, w.b);
+      store_gradient_tile<kDW>(&p.dv_map, dv_staging, wg_key0, col0, w.hk, w.b);
+      finish_gradient_stores();
+    }
+    return;
+  }
+  const flash::BackwardParams& c = p.c;
   Elem* dk_out =
       static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head + col0;
   Elem* dv_out =

@@ -41,6 +41,7 @@
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_common.cuh"
 #include "cuda/hopper/backward_dkdv_work.cuh"
+#include "cuda/hopper/backward_epilogue.cuh"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/backward_split_exchange.cuh"
 #include "cuda/hopper/ptx/barrier.cuh"
@@ -172,6 +173,18 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
 
+  if (bwd_tma_store_gradients(kD) && p.grads_by_tma) {
+    // Warpgroup 0 holds dV, warpgroup 1 dK, of the same 64 keys.
+    const uint32_t staging = smem + L::kGradStaging + uint32_t(wg) * L::kGradTileBytes;
+    staging_acquire();
+    stage_gradient<kD, Elem>(staging, acc, wg == 0 ? 1.0f : p.dkdq_scale);
+    staging_publish();
+    if (gradient_store_issuer()) {
+      store_gradient_tile<kD>(wg == 0 ? &p.dv_map : &p.dk_map, staging, w.n0, 0, w.hk, w.b);
+      finish_gradient_stores();
+    }
+    return;
+  }
   const flash::BackwardParams& c = p.c;
   if (wg == 0) {
     Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head;

@@ -8,7 +8,8 @@
 //   dS = P o (dP - D) [o (1 - v^2) under softcap, v before masking]
 //   dQ += dS K                           (wgmma RS: dS from the
 //                                         accumulators; K MN-major)
-// then dQ *= scale and plain stores of the rows < Tq. Each dQ element is
+// then dQ *= scale and the stores of the rows < Tq (by TMA from a staging
+// area over the ring, backward_epilogue.cuh, or plain). Each dQ element is
 // one thread's fixed-order sum: deterministic without atomics. Checked
 // against the f64 oracle by tests/gpu/test_hopper_backward.cpp.
 //
@@ -41,6 +42,7 @@
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_common.cuh"
+#include "cuda/hopper/backward_epilogue.cuh"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/backward_split_exchange.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
@@ -255,6 +257,17 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   }
 
   const int col0 = kSplit ? wg * kDW : 0;
+  if (bwd_tma_store_gradients(kD) && p.grads_by_tma) {
+    const uint32_t staging = smem + L::kGradStaging + uint32_t(wg) * L::kGradTileBytes;
+    staging_acquire();
+    stage_gradient<kDW, Elem>(staging, dq, p.dkdq_scale);
+    staging_publish();
+    if (gradient_store_issuer()) {
+      store_gradient_tile<kDW>(&p.dq_map, staging, wg_row0, col0, w.h, w.b);
+      finish_gradient_stores();
+    }
+    return;
+  }
   Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head + col0;
   store_rows<kDW, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, p.dkdq_scale);
 }

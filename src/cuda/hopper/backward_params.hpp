@@ -44,6 +44,14 @@ struct BackwardParams {
   CUtensorMap k_map;
   CUtensorMap v_map;
   CUtensorMap do_map;
+  // Maps of dq [B, Tq, H, d] and dk, dv [B, Tk, Hkv, d], boxes of 64 rows:
+  // the gradients go out by TMA when grads_by_tma (all three meet TMA's
+  // alignment) and bwd_tma_store_gradients(d), else by plain stores through c's
+  // pointers and strides.
+  CUtensorMap dq_map;
+  CUtensorMap dk_map;
+  CUtensorMap dv_map;
+  bool grads_by_tma = false;
   // Pointers, strides, shape, mask, score and the workspace (lse2, dsum,
   // tq_padded): cuda-flash's parameters, also what its preprocessing kernel
   // reads.
@@ -140,6 +148,14 @@ struct DkdvSmem {
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
   // Bytes the producer announces on a stage's full barrier.
   static constexpr uint32_t kStageTxBytes = 2 * kQBytes + 2 * kRowBytes;
+  // The gradients' staging at the end of the CTA (backward_epilogue.cuh):
+  // per consumer warpgroup its dK tile, then its dV tile, [64 x kColsPerWg]
+  // each, over the Q and dO slots, which no wgmma reads any more by then.
+  static constexpr uint32_t kGradTileBytes = uint32_t(kWgmmaM) * Tile::kColsPerWg * kElemBytes;
+  static constexpr uint32_t kGradStaging = kQ;
+  static_assert(kDo == kQ + Tile::kStages * kQBytes &&
+                    kBwdConsumerWarpgroups * 2 * kGradTileBytes <= 2 * Tile::kStages * kQBytes,
+                "the gradients' staging must fit in the Q and dO slots");
 
   static_assert(kKVBytes % kSwizzleAtomBytes == 0 && kQBytes % kSwizzleAtomBytes == 0,
                 "tiles must start on 1024-byte boundaries");
@@ -181,6 +197,14 @@ struct DqSmem {
   static constexpr uint32_t kEmpty = kFull + Tile::kStages * kBarrierBytes;
   static constexpr uint32_t kEnd = kEmpty + Tile::kStages * kBarrierBytes;
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
+  // The dQ staging at the end of the CTA (backward_epilogue.cuh): per
+  // consumer warpgroup a [64 x kColsPerWg] tile, over the K and V slots,
+  // which no wgmma reads any more by then.
+  static constexpr uint32_t kGradTileBytes = uint32_t(kWgmmaM) * Tile::kColsPerWg * kElemBytes;
+  static constexpr uint32_t kGradStaging = kK;
+  static_assert(kV == kK + Tile::kStages * kKVBytes &&
+                    kBwdConsumerWarpgroups * kGradTileBytes <= 2 * Tile::kStages * kKVBytes,
+                "the dQ staging must fit in the K and V slots");
 
   static_assert(kKVBytes % kSwizzleAtomBytes == 0 && kQBytes % kSwizzleAtomBytes == 0,
                 "tiles must start on 1024-byte boundaries");

@@ -51,6 +51,25 @@ constexpr bool bwd_softcap_poly(int d) { return kBwdSoftcapPoly && d <= kBwdSoft
 // Overlap in the dK/dV kernel: dV += P^T dO is committed on its own and runs
 // while dS^T is computed; then dK += dS^T Q. Off: both in one group after dS.
 constexpr bool kBwdOverlapDv = true;
+// The gradients' epilogue (backward_epilogue.cuh): each consumer
+// warpgroup writes its rounded dK and dV (dK/dV kernel) or dQ (dQ kernel)
+// rows into shared memory the ring no longer needs, swizzled as the
+// gradient's TMA map expects, and one thread per warpgroup stores them by
+// TMA, where dq, dk and dv all meet TMA's alignment
+// (BackwardParams::grads_by_tma, decided on the host). Otherwise, and off:
+// plain 32-bit stores from registers (store_rows). The cost it attacks,
+// measured on the H200 by skipping the stores (wrong results; bwd TFLOP/s,
+// base / no dQ, dK, dV stores): causal B16 T1k 334 / 364, window 1024 350 /
+// 376, causal T4k 500 / 505. Measured (bwd TFLOP/s, one call, on / off,
+// two builds each): causal B16 T1k 346, 349 / 330, 329; window 1024 371,
+// 387 / 377, 357; T4k 511, 528 / 514, 507; B1 T16k 555, 554 / 557, 552;
+// d256 causal T4k 413, 420 / 390, 396; cap30 452, 449 / 449, 447; but d64
+// causal T4k 391, 395 / 407, 403: hence only for d >= kBwdTmaStoreGradientsMinD.
+constexpr bool kBwdTmaStoreGradients = true;
+constexpr int kBwdTmaStoreGradientsMinD = 128;
+constexpr bool bwd_tma_store_gradients(int d) {
+  return kBwdTmaStoreGradients && d >= kBwdTmaStoreGradientsMinD;
+}
 // Ring depth of Q/dO (dK/dV kernel) and K/V (dQ kernel) for d <= 128:
 // 3 slots (shared memory allows it at one CTA per SM) instead of 2.
 constexpr bool kBwdDeepRing = true;

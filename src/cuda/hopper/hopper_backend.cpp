@@ -138,7 +138,8 @@ class CudaHopperBackend final : public BackendImpl {
   std::string why_not_tensor(const TensorRef& t, const char* name, Pass pass) const override {
     std::string r = cuda::why_not_device_pointer(t.data, name);
     // q, k, v (and the backward's do) are read by TMA and need its
-    // alignment; dq, dk, dv are written two elements per 32-bit store; the
+    // alignment; dq, dk, dv are written by TMA where all three meet its
+    // alignment, else two elements per 32-bit store; the
     // forward writes o by TMA where o meets TMA's alignment, else two
     // elements per 32-bit store (lse one float at a time), while the
     // backward reads o in 16-byte chunks (cuda-flash's preprocessing kernel).
@@ -220,6 +221,17 @@ class CudaHopperBackend final : public BackendImpl {
     p.k_map = hopper::make_tile_map(a.k, hopper::bwd::kv_box_rows(d), "k");
     p.v_map = hopper::make_tile_map(a.v, hopper::bwd::kv_box_rows(d), "v");
     p.do_map = hopper::make_tile_map(a.dout, hopper::bwd::kBoxRows, "do");
+    // The gradients go by TMA where all three meet its alignment
+    // (why_not_tensor asks 4 bytes of them): the kernels' choice, results
+    // identical.
+    p.grads_by_tma = hopper::why_not_tma(a.dq, "dq").empty() &&
+                     hopper::why_not_tma(a.dk, "dk").empty() &&
+                     hopper::why_not_tma(a.dv, "dv").empty();
+    if (p.grads_by_tma) {
+      p.dq_map = hopper::make_tile_map(a.dq, hopper::kWgmmaM, "dq");
+      p.dk_map = hopper::make_tile_map(a.dk, hopper::kWgmmaM, "dk");
+      p.dv_map = hopper::make_tile_map(a.dv, hopper::kWgmmaM, "dv");
+    }
     p.c = flash::backward_params(a);
     hopper::bwd::softcap_backward_terms(p);
     flash::BackwardParams& c = p.c;
