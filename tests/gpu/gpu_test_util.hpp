@@ -39,9 +39,13 @@ inline std::string why_no_cuda_device() {
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <random>
 #include <stdexcept>
 #include <utility>
 #include <vector>
+
+#include "gqattn/dtype.hpp"
 
 namespace gqattn::test {
 
@@ -55,6 +59,7 @@ inline void cuda_ok(cudaError_t status, const char* what) {
 // Every byte 0xFF: as f32, bf16 or f16 each element is a NaN, so an output
 // element a kernel forgot to write stays NaN and fails any comparison.
 constexpr int kPoisonByte = 0xFF;
+constexpr uint16_t kPoisonBits16 = 0xFFFFu;  // a poisoned bf16 / f16 element
 
 // A device allocation owned by the test.
 class DeviceBuffer {
@@ -126,6 +131,15 @@ class Stream {
 };
 
 inline void device_synchronize() { cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+// bf16 bits of n samples of N(0, 1), for upload to a DeviceBuffer.
+inline std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> bits(static_cast<std::size_t>(n));
+  for (uint16_t& b : bits) b = float_to_bf16(normal(rng));
+  return bits;
+}
 
 }  // namespace gqattn::test
 

@@ -20,7 +20,6 @@
 
 #include <cstdint>
 #include <ostream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -312,15 +311,6 @@ TEST(HopperBackwardSupport, GridGroupSwitchErrors) {
   }
 }
 
-// bf16 bits of N(0, 1) samples.
-std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> bits(static_cast<std::size_t>(n));
-  for (uint16_t& b : bits) b = gqattn::float_to_bf16(normal(rng));
-  return bits;
-}
-
 // A dk row stride of Hkv*d + 2 elements (4-byte pieces, not 16-byte ones):
 // TMA cannot store it, so dq, dk and dv all take the plain 32-bit stores
 // instead of the staged TMA stores (backward_tile_sizes.hpp
@@ -352,10 +342,10 @@ TEST(HopperBackwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
     DeviceBuffer q(q_elems * kElem), k(kv_elems * kElem), v(kv_elems * kElem), o(q_elems * kElem),
         dout(q_elems * kElem), dq(q_elems * kElem), dk(kv_elems * kElem), dv(kv_elems * kElem),
         lse(std::size_t(p.B * p.H * p.Tq) * sizeof(float));
-    q.upload(random_bf16(q_elems, kSeed));
-    k.upload(random_bf16(kv_elems, kSeed + 1));
-    v.upload(random_bf16(kv_elems, kSeed + 2));
-    dout.upload(random_bf16(q_elems, kSeed + 3));
+    q.upload(gqattn::test::random_bf16(q_elems, kSeed));
+    k.upload(gqattn::test::random_bf16(kv_elems, kSeed + 1));
+    v.upload(gqattn::test::random_bf16(kv_elems, kSeed + 2));
+    dout.upload(gqattn::test::random_bf16(q_elems, kSeed + 3));
     auto ref = [&](const DeviceBuffer& b, int64_t T, int64_t heads) {
       return gqattn::contiguous(b.get(), DType::bf16, Device::cuda, p.B, T, heads, p.d);
     };
@@ -374,7 +364,8 @@ TEST(HopperBackwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
     const std::vector<uint16_t> dk_packed = dk.download<uint16_t>();
     const std::vector<uint16_t> dv_packed = dv.download<uint16_t>();
     for (const std::vector<uint16_t>* g : {&dq_packed, &dk_packed, &dv_packed})
-      for (uint16_t bits : *g) ASSERT_NE(bits, 0xFFFFu) << "packed gradient not fully written";
+      for (uint16_t bits : *g)
+        ASSERT_NE(bits, gqattn::test::kPoisonBits16) << "packed gradient not fully written";
 
     constexpr int64_t kPairGap = 2;
     const int64_t row = p.Hkv * p.d + kPairGap;
@@ -395,7 +386,7 @@ TEST(HopperBackwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
       for (int64_t e = 0; e < packed_row; ++e)
         differing += wide[std::size_t(r * row + e)] != dk_packed[std::size_t(r * packed_row + e)];
       for (int64_t e = packed_row; e < row; ++e)
-        gap_written += wide[std::size_t(r * row + e)] != 0xFFFFu;
+        gap_written += wide[std::size_t(r * row + e)] != gqattn::test::kPoisonBits16;
     }
     EXPECT_EQ(differing, 0) << "dk elements differing from the staged run";
     EXPECT_EQ(gap_written, 0) << "dk gap elements written";

@@ -28,7 +28,6 @@
 
 #include <cstdint>
 #include <ostream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -297,17 +296,6 @@ TEST(HopperSupport, MisalignedStrideNamesTheTensor) {
   for (uint16_t bits : t.o.download<uint16_t>()) ASSERT_EQ(bits, 0xFFFFu);
 }
 
-// bf16 bits of N(0, 1) samples.
-std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> bits(static_cast<std::size_t>(n));
-  for (uint16_t& b : bits) b = gqattn::float_to_bf16(normal(rng));
-  return bits;
-}
-
-constexpr uint16_t kPoisonBits = 0xFFFFu;  // DeviceBuffer::poison's bf16 (a NaN)
-
 // An o row stride of H*d + 2 elements (4-byte pieces, not 16-byte ones): TMA
 // cannot store it, so the epilogue takes its plain 32-bit stores instead of
 // the staged TMA store (tile_sizes.hpp kTmaStoreOutput); it must give the
@@ -325,16 +313,17 @@ TEST(HopperForwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
     if (!why.empty()) GTEST_SKIP() << why;
     SCOPED_TRACE("d = " + std::to_string(d));
     Tensors t(p);
-    t.q.upload(random_bf16(p.B * p.Tq * p.H * p.d, kSeed));
-    t.k.upload(random_bf16(p.B * p.Tk * p.Hkv * p.d, kSeed + 1));
-    t.v.upload(random_bf16(p.B * p.Tk * p.Hkv * p.d, kSeed + 2));
+    t.q.upload(gqattn::test::random_bf16(p.B * p.Tq * p.H * p.d, kSeed));
+    t.k.upload(gqattn::test::random_bf16(p.B * p.Tk * p.Hkv * p.d, kSeed + 1));
+    t.v.upload(gqattn::test::random_bf16(p.B * p.Tk * p.Hkv * p.d, kSeed + 2));
     t.o.poison();
     gqattn::Options options;
     options.backend = Backend::CudaHopper;
     gqattn::forward(p, ref(t.q, p, p.Tq, p.H), ref(t.k, p, p.Tk, p.Hkv), ref(t.v, p, p.Tk, p.Hkv),
                     ref(t.o, p, p.Tq, p.H), gqattn::TensorRef{}, options);
     const std::vector<uint16_t> packed = t.o.download<uint16_t>();
-    for (uint16_t bits : packed) ASSERT_NE(bits, kPoisonBits) << "packed o not fully written";
+    for (uint16_t bits : packed)
+      ASSERT_NE(bits, gqattn::test::kPoisonBits16) << "packed o not fully written";
 
     constexpr int64_t kPairGap = 2;
     const int64_t row = p.H * p.d + kPairGap;
@@ -351,7 +340,7 @@ TEST(HopperForwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
       for (int64_t e = 0; e < p.H * p.d; ++e)
         differing += wide[std::size_t(r * row + e)] != packed[std::size_t(r * p.H * p.d + e)];
       for (int64_t e = p.H * p.d; e < row; ++e)
-        gap_written += wide[std::size_t(r * row + e)] != kPoisonBits;
+        gap_written += wide[std::size_t(r * row + e)] != gqattn::test::kPoisonBits16;
     }
     EXPECT_EQ(differing, 0) << "elements differing from the packed (TMA-stored) o";
     EXPECT_EQ(gap_written, 0) << "gap elements written";
@@ -382,7 +371,7 @@ TEST(HopperSupport, OddOutputStrideNamesTheTensor) {
     EXPECT_NE(what.find("cuda-hopper"), std::string::npos) << what;
     EXPECT_NE(what.find("o.stride[1]*2 bytes must be a multiple of 4"), std::string::npos) << what;
   }
-  for (uint16_t bits : o_wide.download<uint16_t>()) ASSERT_EQ(bits, kPoisonBits);
+  for (uint16_t bits : o_wide.download<uint16_t>()) ASSERT_EQ(bits, gqattn::test::kPoisonBits16);
 }
 
 #endif  // GQATTN_WITH_CUDA
