@@ -132,6 +132,27 @@ class Stream {
 
 inline void device_synchronize() { cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
+// A 16-bit tensor of `rows` rows of `packed_row` elements stored with row
+// stride `row` (>= packed_row), against the same values packed: elements
+// that differ, and gap elements (the row - packed_row after each row, first
+// poisoned) that no longer hold kPoisonBits16.
+struct StridedComparison {
+  int64_t differing = 0;
+  int64_t gap_written = 0;
+};
+inline StridedComparison compare_strided(const std::vector<uint16_t>& strided,
+                                         const std::vector<uint16_t>& packed, int64_t rows,
+                                         int64_t packed_row, int64_t row) {
+  StridedComparison c;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t e = 0; e < packed_row; ++e)
+      c.differing += strided[std::size_t(r * row + e)] != packed[std::size_t(r * packed_row + e)];
+    for (int64_t e = packed_row; e < row; ++e)
+      c.gap_written += strided[std::size_t(r * row + e)] != kPoisonBits16;
+  }
+  return c;
+}
+
 // bf16 bits of n samples of N(0, 1), for upload to a DeviceBuffer.
 inline std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

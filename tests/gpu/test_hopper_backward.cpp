@@ -379,17 +379,10 @@ TEST(HopperBackwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
                      ref(dv, p.Tk, p.Hkv), options);
     EXPECT_TRUE(dq.download<uint16_t>() == dq_packed) << "dq differs from the staged run";
     EXPECT_TRUE(dv.download<uint16_t>() == dv_packed) << "dv differs from the staged run";
-    const std::vector<uint16_t> wide = dk_wide.download<uint16_t>();
-    int64_t differing = 0, gap_written = 0;
-    for (int64_t r = 0; r < p.B * p.Tk; ++r) {
-      const int64_t packed_row = p.Hkv * p.d;
-      for (int64_t e = 0; e < packed_row; ++e)
-        differing += wide[std::size_t(r * row + e)] != dk_packed[std::size_t(r * packed_row + e)];
-      for (int64_t e = packed_row; e < row; ++e)
-        gap_written += wide[std::size_t(r * row + e)] != gqattn::test::kPoisonBits16;
-    }
-    EXPECT_EQ(differing, 0) << "dk elements differing from the staged run";
-    EXPECT_EQ(gap_written, 0) << "dk gap elements written";
+    const gqattn::test::StridedComparison c = gqattn::test::compare_strided(
+        dk_wide.download<uint16_t>(), dk_packed, p.B * p.Tk, p.Hkv * p.d, row);
+    EXPECT_EQ(c.differing, 0) << "dk elements differing from the staged run";
+    EXPECT_EQ(c.gap_written, 0) << "dk gap elements written";
   }
 }
 #endif

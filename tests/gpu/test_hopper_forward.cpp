@@ -334,16 +334,10 @@ TEST(HopperForwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
     o_ref.stride[0] = row * p.Tq;
     gqattn::forward(p, ref(t.q, p, p.Tq, p.H), ref(t.k, p, p.Tk, p.Hkv), ref(t.v, p, p.Tk, p.Hkv),
                     o_ref, gqattn::TensorRef{}, options);
-    const std::vector<uint16_t> wide = o_wide.download<uint16_t>();
-    int64_t differing = 0, gap_written = 0;
-    for (int64_t r = 0; r < p.B * p.Tq; ++r) {
-      for (int64_t e = 0; e < p.H * p.d; ++e)
-        differing += wide[std::size_t(r * row + e)] != packed[std::size_t(r * p.H * p.d + e)];
-      for (int64_t e = p.H * p.d; e < row; ++e)
-        gap_written += wide[std::size_t(r * row + e)] != gqattn::test::kPoisonBits16;
-    }
-    EXPECT_EQ(differing, 0) << "elements differing from the packed (TMA-stored) o";
-    EXPECT_EQ(gap_written, 0) << "gap elements written";
+    const gqattn::test::StridedComparison c = gqattn::test::compare_strided(
+        o_wide.download<uint16_t>(), packed, p.B * p.Tq, p.H * p.d, row);
+    EXPECT_EQ(c.differing, 0) << "elements differing from the packed (TMA-stored) o";
+    EXPECT_EQ(c.gap_written, 0) << "gap elements written";
   }
 }
 

@@ -19,11 +19,10 @@
 
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/consumer.cuh"
-#include "cuda/hopper/operand_layout.hpp"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
-#include "cuda/hopper/ptx/tma.cuh"
+#include "cuda/hopper/staged_store.cuh"
 #include "cuda/hopper/tile_coord.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
@@ -35,12 +34,6 @@ constexpr uint32_t kOutputBarrier = ptx::kFirstNamedBarrier + kConsumerWarpgroup
 static_assert(kOutputBarrier + kConsumerWarpgroups <= ptx::kNamedBarrierCount,
               "epilogue barrier IDs out of range");
 
-// The thread of each consumer warpgroup that issues its TMA stores (and so
-// owns their bulk async-group).
-__device__ __forceinline__ bool output_store_issuer() {
-  return int(threadIdx.x) % kWarpgroupThreads == 0;
-}
-
 template <class Tile, typename Elem>
 __device__ __forceinline__ void store_output_staged(const ForwardParams& p, const TileCoord& tile,
                                                     int wg, const ConsumerResult<Tile::kD>& r,
@@ -49,36 +42,18 @@ __device__ __forceinline__ void store_output_staged(const ForwardParams& p, cons
   using L = SmemLayout<Tile>;
   const uint32_t barrier = kOutputBarrier + uint32_t(wg);
   const uint32_t staging = smem + L::kOut + uint32_t(wg) * L::kOutWarpgroupBytes;
-  const bool issuer = output_store_issuer();
+  const bool issuer = staged_store_issuer();
   // The previous tile's copy must have read the staging area before it is
   // overwritten; only its issuer can wait for that.
   if (issuer) ptx::bulk_wait_read_all();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
 
-  const int lane = int(threadIdx.x) % kWarpSize;
-  const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
-  const int col0 = flash::frag_col(lane);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = warp * flash::kMmaM + flash::frag_row(lane) + half * flash::kFragRowHalf;
-    // Per store instruction the 8 rows of a warp hit 8 different 16-byte
-    // chunks (the swizzle XORs the chunk with row % 8): no bank conflict.
-#pragma unroll
-    for (int i = 0; i < kD / 8; ++i) {
-      const uint32_t addr = staging + k_major_offset(row, i * 8 + col0, kWgmmaM);
-      const uint32_t pair = flash::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
-    }
-  }
+  stage_rows<kD, Elem>(staging, r.o[0], 1.0f);
   // Every thread's writes, then the barrier, then the copy reads them.
   ptx::fence_proxy_async_shared();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
   if (issuer) {
-    constexpr uint32_t kBlockBytes = uint32_t(kWgmmaM) * kSwizzleBytes;
-#pragma unroll
-    for (int c = 0; c < kD / kColBlock; ++c)
-      ptx::tma_store_4d(&p.o_map, staging + c * kBlockBytes, c * kColBlock, tile.h,
-                        tile.m0 + wg * kWgmmaM, tile.b);
+    store_staged_tile<kD>(&p.o_map, staging, tile.m0 + wg * kWgmmaM, 0, tile.h, tile.b);
     ptx::bulk_commit();
   }
 }
@@ -128,7 +103,7 @@ __device__ __forceinline__ void store_output(const ForwardParams& p, const TileC
 // shared memory, must stay valid until they have read it).
 template <class Tile>
 __device__ __forceinline__ void finish_output(const ForwardParams& p) {
-  if (stages_output<Tile>() && p.o_by_tma && output_store_issuer()) ptx::bulk_wait_all();
+  if (stages_output<Tile>() && p.o_by_tma && staged_store_issuer()) ptx::bulk_wait_all();
 }
 
 }  // namespace gqattn::hopper
