@@ -10,9 +10,11 @@
 // Non-causal d128 without a window runs on the wide 128 x 176 key tile
 // (tile_sizes.hpp kWideNonCausalD128): its cases have Tk not a multiple of
 // 176 (partially masked last key tile), Tk < 176, Tk a multiple of 176.
-// d64 without softcap or window and with Tk >= 4096 runs on the wide
-// 128 x 192 key tile (kWideD64): cases with Tk a multiple of 192 and not,
-// Tq > Tk, f16, padded, and more work tiles than SMs.
+// d64 without softcap or window and with Tk >= 4096 runs on the tall
+// 192 x 128 tile with three consumer warpgroups (kTallD64): cases with Tq
+// a multiple of 192 and not, Tq < 192, Tq > Tk (rows without keys), f16,
+// padded, and more work tiles than SMs, one and several query tiles per
+// head.
 // With tile_sizes.hpp's kMulticastKV on (the default), d128 without
 // softcap and with an even number of query heads per kv head runs in 2-CTA
 // clusters that multicast K/V: among them one-query-tile, many-tile (more work tiles than resident
@@ -139,14 +141,15 @@ std::vector<HopperCase> cases() {
       make("T129_causal_d64_f16", 1, 129, 129, 4, 2, 64, true, 0, 0.0f, f16),
       make("Tq60_Tk90_d64_f16_padded", 1, 60, 90, 2, 1, 64, false, 0, 0.0f, f16, true),
       make("T900_causal_d64", 1, 900, 900, 2, 1, 64, true),
-      // d = 64 with Tk >= kWideD64MinKeys (4096), no softcap, no window: the
-      // wide 128 x 192 key tile. Key tiles of 192: 4500 = 23 x 192 + 84,
-      // 4096 = 21 x 192 + 64, 4224 = 22 x 192, 4097 = 21 x 192 + 65.
-      make("Tq70_Tk4500_causal_d64_wide_gqa2", 1, 70, 4500, 4, 2, 64, true),
-      make("Tq300_Tk4096_d64_wide_f16", 1, 300, 4096, 2, 1, 64, false, 0, 0.0f, f16),
-      make("Tq130_Tk4224_causal_d64_wide_padded", 2, 130, 4224, 4, 2, 64, true, 0, 0.0f, bf16,
+      // d = 64 with Tk >= kTallD64MinKeys (4096), no softcap, no window: the
+      // tall 192 x 128 tile. Query tiles of 192: 70 < 192, 300 = 192 + 108,
+      // 384 = 2 x 192, 4200 = 21 x 192 + 168; key tiles of 128: 4500 and
+      // 4097 partial.
+      make("Tq70_Tk4500_causal_d64_tall_gqa2", 1, 70, 4500, 4, 2, 64, true),
+      make("Tq300_Tk4096_d64_tall_f16", 1, 300, 4096, 2, 1, 64, false, 0, 0.0f, f16),
+      make("Tq384_Tk4224_causal_d64_tall_padded", 2, 384, 4224, 4, 2, 64, true, 0, 0.0f, bf16,
            true),
-      make("Tq4200_Tk4097_causal_d64_wide_empty_rows", 1, 4200, 4097, 1, 1, 64, true),
+      make("Tq4200_Tk4097_causal_d64_tall_empty_rows", 1, 4200, 4097, 1, 1, 64, true),
       // d = 256.
       make("T130_causal_d256_mqa", 1, 130, 130, 4, 1, 256, true),
       make("Tq150_Tk20_causal_d256_empty_rows", 1, 150, 20, 2, 1, 256, true),
@@ -180,7 +183,8 @@ std::vector<HopperCase> cases() {
                         0, 30.0f)),
       make("B8_H48_T128_causal_d128_many_one_key_tile", 8, 128, 128, 48, 8, 128, true),
       make("B2_H24_Tq400_Tk150_causal_d256_many_tiles_empty_rows", 2, 400, 150, 24, 4, 256, true),
-      make("B4_H36_Tq3_Tk4096_causal_d64_wide_many_tiles", 4, 3, 4096, 36, 6, 64, true),
+      make("B4_H36_Tq3_Tk4096_causal_d64_tall_many_tiles", 4, 3, 4096, 36, 6, 64, true),
+      make("B3_H24_Tq384_Tk4096_causal_d64_tall_many_tiles", 3, 384, 4096, 24, 8, 64, true),
       // Scale 1 without softcap: row maxima that grow by far more than
       // lazy rescaling's threshold (ForwardTile::kLazyRescaleLog2: 8 at
       // d256, 0 elsewhere) from one key tile to the next, so the lazy

@@ -27,7 +27,7 @@
 //   softcap, mask, softmax of S(it) while the P V GEMM runs. After the
 //   loop: finish the last step, O += P(last) V(last).
 // - Serial: S(it), wait, softmax, P V, wait, per tile.
-// - Ping-pong (PingPong below) orders the two warpgroups' GEMM issues.
+// - Ping-pong (PingPong below) orders the warpgroups' GEMM issues.
 // Invariants: an accumulator (S or O) is read only after the wait_group that
 // retires its GEMM and a pin(); registers written by ordinary code (S reused
 // as accumulator, O rescaled, P fragments) are fenced by wgmma_fence()
@@ -113,25 +113,29 @@ struct ConsumerResult {
   float lse[2];  // rows g and g + 8 of this warp's 16 rows
 };
 
-// Ping-pong between the two consumer warpgroups: each brackets every issue
-// of its GEMMs ("issue point") with sync(own barrier) ... arrive(other's
-// barrier), both barriers counting 2 x 128 threads, so the warpgroups issue
-// alternately: WG0 point 0, WG1 point 0, WG0 point 1, WG1 point 1, ...
-// Both warpgroups visit the same work tiles and key tiles, so both have the
+// Ping-pong (round robin) between the kN consumer warpgroups (2, or 3 on
+// the tall tile): each brackets every issue of its GEMMs ("issue point")
+// with sync(own barrier) ... arrive(next's barrier), next = (wg + 1) % kN,
+// every barrier counting 2 x 128 threads (its owner's syncs and its
+// predecessor's arrivals), so the warpgroups issue in turn: WG0 point 0,
+// WG1 point 0, ..., WG(kN-1) point 0, WG0 point 1, ...
+// All warpgroups visit the same work tiles and key tiles, so all have the
 // same number N of issue points in the CTA (per work tile with keys:
-// tiles + 1). The points of all the CTA's work tiles form one alternating
-// stream: WG0 skips only its first sync of the CTA (`issued` false).
+// tiles + 1). The points of all the CTA's work tiles form one stream: WG0
+// skips only its first sync of the CTA (`issued` false).
 // Balance, which keeps every barrier phase complete at exit:
-// - one work tile per CTA (kPersistentScheduler off): WG1 skips its last
-//   arrive (nobody waits for it); barrier WG0 sees N - 1 syncs and N - 1
-//   arrivals, barrier WG1 N and N;
-// - persistent: WG1 arrives at every point (it cannot know which is the
-//   CTA's last) and WG0 consumes the last arrival in drain() after its last
-//   tile; barrier WG0 sees N and N, barrier WG1 N and N.
-// No barrier is ever arrived at twice before its sync: WG0's arrival k + 1
-// follows its sync on WG1's arrival k, which follows WG1's sync on WG0's
-// arrival k (and symmetrically).
+// - one work tile per CTA (kPersistentScheduler off): the last warpgroup
+//   skips its last arrive (nobody waits for it); barrier WG0 sees N - 1
+//   syncs and N - 1 arrivals, every other barrier N and N;
+// - persistent: the last warpgroup arrives at every point (it cannot know
+//   which is the CTA's last) and WG0 consumes the last arrival in drain()
+//   after its last tile; every barrier sees N and N.
+// No barrier is ever arrived at twice before its sync: WG w's arrival k + 1
+// on barrier next follows its own sync k + 1, which follows its
+// predecessor's arrival k + 1, which (going round) follows next's sync k.
+template <int kN>
 struct PingPong {
+  static_assert(kN >= 2, "ping-pong needs two consumer warpgroups or more");
   static constexpr uint32_t kThreads = 2 * kWarpgroupThreads;
   bool on;
   int wg;
@@ -145,8 +149,8 @@ struct PingPong {
   }
   // last_point: the last issue point of the work tile.
   __device__ __forceinline__ void end(bool last_point) {
-    if (on && (wg == 0 || !last_point || kPersistentScheduler))
-      ptx::named_barrier_arrive(barrier(1 - wg), kThreads);
+    if (on && (wg != kN - 1 || !last_point || kPersistentScheduler))
+      ptx::named_barrier_arrive(barrier((wg + 1) % kN), kThreads);
     issued = true;
   }
   // After the CTA's last work tile.
@@ -155,10 +159,10 @@ struct PingPong {
       ptx::named_barrier_sync(barrier(0), kThreads);
   }
 };
-static_assert(ptx::kFirstNamedBarrier + kConsumerWarpgroups <= ptx::kNamedBarrierCount,
+static_assert(ptx::kFirstNamedBarrier + kMaxConsumerWarpgroups <= ptx::kNamedBarrierCount,
               "ping-pong barrier IDs out of range");
 
-// Run by all 128 threads of consumer warpgroup `wg` (0 or 1), which owns
+// Run by all 128 threads of consumer warpgroup `wg` (0, 1 or 2), which owns
 // query rows [64 wg, 64 wg + 64) of the tile. `t`: the work tile's position
 // in the CTA's schedule (Q arrives in phase t & 1 of q_full); `kv_base`: the
 // K/V visits of the CTA's earlier work tiles (this tile's visit `it` is the
@@ -167,7 +171,8 @@ static_assert(ptx::kFirstNamedBarrier + kConsumerWarpgroups <= ptx::kNamedBarrie
 template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
 __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord& tile,
                                         const MaskPolicy& mask, uint32_t smem, int wg, int t,
-                                        int kv_base, PingPong& pp, ConsumerResult<Tile::kD>& out) {
+                                        int kv_base, PingPong<consumer_warpgroups<Tile>()>& pp,
+                                        ConsumerResult<Tile::kD>& out) {
   constexpr int kD = Tile::kD;
   using L = SmemLayout<Tile>;
   constexpr int kBM = Tile::kBlockM;
@@ -176,9 +181,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   constexpr int kNT = kBN / 8;  // n8 blocks of S
   constexpr int kStepsQK = kD / kWgmmaK;
   constexpr int kStepsPV = kBN / kWgmmaK;
-  static_assert(kBM == kConsumerWarpgroups * kWgmmaM, "one wgmma M per consumer warpgroup");
   static_assert(kBN % kWgmmaK == 0 && kNT == 2 * kStepsPV, "P V needs whole k16 steps of S");
-  static_assert(kConsumerWarpgroups == 2, "PingPong pairs exactly two consumer warpgroups");
   constexpr bool kSoftcap = flash::has_softcap(kScores);
   constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
   constexpr bool kTensorRowSums = uses_tensor_row_sums(kScores);

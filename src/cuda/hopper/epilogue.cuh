@@ -30,8 +30,8 @@ namespace gqattn::hopper {
 
 // Named barriers of the staged epilogue, one per consumer warpgroup, after
 // the ping-pong's (consumer.cuh PingPong).
-constexpr uint32_t kOutputBarrier = ptx::kFirstNamedBarrier + kConsumerWarpgroups;
-static_assert(kOutputBarrier + kConsumerWarpgroups <= ptx::kNamedBarrierCount,
+constexpr uint32_t kOutputBarrier = ptx::kFirstNamedBarrier + kMaxConsumerWarpgroups;
+static_assert(kOutputBarrier + kMaxConsumerWarpgroups <= ptx::kNamedBarrierCount,
               "epilogue barrier IDs out of range");
 
 template <class Tile, typename Elem>

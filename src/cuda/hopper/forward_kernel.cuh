@@ -1,14 +1,15 @@
 // cuda-hopper: the forward kernel (sm_90a): warp-specialised, FlashAttention-3
-// style, instantiated per tile shape (Tile = ForwardTile<kD, kWide>,
+// style, instantiated per tile shape (Tile = ForwardTile<kD, kShape>,
 // tile_sizes.hpp), element type and ScoreMode (flash/score_mode.hpp). A CTA of
-// 384 threads works through the work tiles (query tile of 128 rows, head,
-// batch) its TileSchedule deals it — one tile per CTA, or, with
-// kPersistentScheduler, one CTA per SM looping over tiles:
-//   warpgroup 0 (producer, setmaxnreg 24): one thread issues every TMA copy
-//     of every tile (producer.cuh); the other producer threads exit at once;
-//   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each, wgmma
-//     main loop (consumer.cuh; GEMM issues alternate between the two through
-//     named barriers 8 and 9 when ping-pong is on), then the epilogue
+// 384 threads (512 on the tall d64 tile) works through the work tiles (query
+// tile of kBlockM rows, head, batch) its TileSchedule deals it — one tile per
+// CTA, or, with kPersistentScheduler, one CTA per SM looping over tiles:
+//   warpgroup 0 (producer, setmaxnreg 24; 32 beside three consumers): one
+//     thread issues every TMA copy of every tile (producer.cuh); the other
+//     producer threads exit at once;
+//   warpgroups 1.. (consumers, setmaxnreg 240; 160 for three): 64 query rows
+//     each, wgmma main loop (consumer.cuh; GEMM issues go round the
+//     warpgroups through named barriers 8.. when ping-pong is on), then the epilogue
 //     (epilogue.cuh: O by TMA from a staging area where the tile has one),
 //     per tile; the producer meanwhile loads the next tile's Q (once both
 //     warpgroups released Q) and K/V.
@@ -47,15 +48,16 @@
 
 namespace gqattn::hopper {
 
-// One mbarrier arrival per consumer warp releases a K or V slot.
-constexpr uint32_t kEmptyArrivals = kConsumerWarps;
 constexpr uint32_t kFullArrivals = 1;  // the producer's arrive.expect_tx
 
 template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(forward_threads<Tile>(), 1)
     forward_kernel(const __grid_constant__ ForwardParams p) {
 #ifdef GQATTN_HOPPER_DEVICE_CODE
   constexpr int kD = Tile::kD;
+  constexpr int kThreads = forward_threads<Tile>();
+  // One mbarrier arrival per consumer warp releases a K, V or Q slot.
+  constexpr uint32_t kEmptyArrivals = consumer_warpgroups<Tile>() * kWarpsPerWarpgroup;
   using L = SmemLayout<Tile>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte alignment (SmemLayout allots the slack).
@@ -95,14 +97,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
 
   if (warpgroup == 0) {
-    ptx::setmaxnreg_dec<kProducerRegisters>();
+    ptx::setmaxnreg_dec<TileRegisters<Tile>::kProducer>();
     if (threadIdx.x == 0) produce<Tile>(p, mask, schedule, smem);
     if constexpr (kCluster > 1) ptx::cluster_sync();
     return;
   }
-  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  ptx::setmaxnreg_inc<TileRegisters<Tile>::kConsumer>();
   const int wg = warpgroup - 1;
-  PingPong pp{kPingPong && kIntraWarpgroupOverlap && Tile::kPingPongAllowed, wg};
+  PingPong<consumer_warpgroups<Tile>()> pp{
+      kPingPong && kIntraWarpgroupOverlap && Tile::kPingPongAllowed, wg};
   int kv_base = 0;  // K/V visits of the earlier tiles, as the producer counts
   for (int t = 0; schedule.valid(t); ++t) {
     const TileCoord tile = tile_coord<Tile>(p, mask, int(schedule.index(t)));

@@ -31,11 +31,8 @@
 
 namespace gqattn::hopper {
 
-int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
-  const int bm = d == 64    ? ForwardTile<64>::kBlockM
-                 : d == 128 ? ForwardTile<128>::kBlockM
-                            : ForwardTile<256>::kBlockM;
-  return (Tq + bm - 1) / bm * B * H;
+int64_t forward_blocks(int block_m, int64_t B, int64_t H, int64_t Tq) {
+  return (Tq + block_m - 1) / block_m * B * H;
 }
 
 }  // namespace gqattn::hopper
@@ -48,41 +45,14 @@ constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 constexpr int kNeedMajor = 9;
 constexpr int kNeedMinor = 0;
 
-// Whether problem p runs on a wide tile (tile_sizes.hpp forward_wide),
-// decided on mask_args and score_args exactly as the launcher decides on
+// The tile problem p runs on (tile_sizes.hpp forward_shape), decided on
+// mask_args and score_args exactly as the launcher decides on
 // ForwardParams::mask and ::score (a window >= Tk is no window).
-bool wide_tile(const Problem& p) {
+hopper::ForwardTileDims forward_tile(const Problem& p) {
   const flash::MaskArgs m = flash::mask_args(p);
-  return hopper::forward_wide(int(p.d), m.causal, m.window, m.tk, flash::score_args(p).softcap);
-}
-
-[[maybe_unused]] std::size_t smem_needed(int64_t d, bool wide) {
-  if (wide)
-    return d == 64 ? hopper::forward_smem_bytes<hopper::ForwardTile<64, true>>()
-                   : hopper::forward_smem_bytes<hopper::ForwardTile<128, true>>();
-  switch (d) {
-    case 64: return hopper::forward_smem_bytes<hopper::ForwardTile<64>>();
-    case 128: return hopper::forward_smem_bytes<hopper::ForwardTile<128>>();
-    default: return hopper::forward_smem_bytes<hopper::ForwardTile<256>>();
-  }
-}
-
-int box_rows_q(int64_t d) {
-  switch (d) {
-    case 64: return hopper::ForwardTile<64>::kBlockM;
-    case 128: return hopper::ForwardTile<128>::kBlockM;
-    default: return hopper::ForwardTile<256>::kBlockM;
-  }
-}
-int box_rows_kv(int64_t d, bool wide) {
-  if (wide)
-    return d == 64 ? hopper::ForwardTile<64, true>::kBlockN
-                   : hopper::ForwardTile<128, true>::kBlockN;
-  switch (d) {
-    case 64: return hopper::ForwardTile<64>::kBlockN;
-    case 128: return hopper::ForwardTile<128>::kBlockN;
-    default: return hopper::ForwardTile<256>::kBlockN;
-  }
+  const hopper::TileShape shape =
+      hopper::forward_shape(int(p.d), m.causal, m.window, m.tk, flash::score_args(p).softcap);
+  return hopper::forward_tile_dims(int(p.d), shape);
 }
 
 // The backward's extra alignment needs: o is read in 16-byte chunks (the
@@ -112,7 +82,7 @@ class CudaHopperBackend final : public BackendImpl {
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
     const std::string shared = flash::why_not_fused_problem("cuda-hopper", p, dtype, device);
     if (!shared.empty()) return shared;
-    const int64_t grid = hopper::forward_blocks(int(p.d), p.B, p.H, p.Tq);
+    const int64_t grid = hopper::forward_blocks(forward_tile(p).block_m, p.B, p.H, p.Tq);
     if (grid > kMaxGridX)
       return "not supported: cuda-hopper needs at most 2^31-1 thread blocks (B*H*Tq too large: " +
              std::to_string(grid) + " blocks)";
@@ -126,7 +96,7 @@ class CudaHopperBackend final : public BackendImpl {
     if (props.cc_major != kNeedMajor || props.cc_minor != kNeedMinor)
       return "needs sm_90 (wgmma/TMA), device is sm_" + std::to_string(props.cc_major) +
              std::to_string(props.cc_minor);
-    const std::size_t need = smem_needed(p.d, wide_tile(p));
+    const std::size_t need = forward_tile(p).smem_bytes;
     if (need > props.max_shared_per_block_optin)
       return "not supported: cuda-hopper d=" + std::to_string(p.d) + " needs " +
              std::to_string(need / 1024) + " KB of shared memory per block, the device allows " +
@@ -157,11 +127,12 @@ class CudaHopperBackend final : public BackendImpl {
 
   void forward(const ForwardArgs& a) const override {
     const int64_t d = a.problem.d;
-    const bool wide = wide_tile(a.problem);  // as launch_forward picks from p.mask, p.score
+    // The tile launch_forward picks from p.mask and p.score.
+    const hopper::ForwardTileDims tile = forward_tile(a.problem);
     hopper::ForwardParams p;
-    p.q_map = hopper::make_tile_map(a.q, box_rows_q(d), "q");
-    p.k_map = hopper::make_tile_map(a.k, box_rows_kv(d, wide), "k");
-    p.v_map = hopper::make_tile_map(a.v, box_rows_kv(d, wide), "v");
+    p.q_map = hopper::make_tile_map(a.q, tile.block_m, "q");
+    p.k_map = hopper::make_tile_map(a.k, tile.block_n, "k");
+    p.v_map = hopper::make_tile_map(a.v, tile.block_n, "v");
     // o goes by TMA where its alignment allows (why_not_tensor asks TMA's
     // alignment of q, k, v only): the kernel's choice, results identical.
     p.o_by_tma = hopper::why_not_tma(a.o, "o").empty();

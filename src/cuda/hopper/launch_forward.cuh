@@ -1,15 +1,15 @@
 // cuda-hopper: the forward launcher template: picks the tile (the wide d128
-// or d64 tile when forward_wide() says so, else the head dimension's default), the
-// kernel instance for the element type and ScoreMode (flash/score_mode.hpp: plain,
-// softcap, or bf16 softcap without row maximum), opts in to its shared
-// memory, and launches a 1-D grid of CTAs of kThreads: one per work tile
-// (query tile, head, batch), or with kPersistentScheduler min(tiles, SMs)
-// CTAs (one fits per SM: __launch_bounds__(kThreads, 1) and the shared
-// memory) that loop; with K/V multicast (forward_cluster_ctas() 2) the CTAs
-// come in clusters of two, as many as can be resident at once. Instantiated
-// per head dimension by
-// launch_forward_d*.cu; d128 and d64 instantiate a wide tile. The host side
-// (hopper_backend.cpp) built the K/V maps with the same tile's box rows.
+// tile or the tall d64 tile when forward_shape() says so, else the head
+// dimension's default), the kernel instance for the element type and
+// ScoreMode (flash/score_mode.hpp: plain, softcap, or bf16 softcap without
+// row maximum), opts in to its shared memory, and launches a 1-D grid of
+// CTAs of forward_threads(): one per work tile (query tile, head, batch),
+// or with kPersistentScheduler min(tiles, SMs) CTAs (one fits per SM:
+// __launch_bounds__(threads, 1) and the shared memory) that loop; with K/V
+// multicast (forward_cluster_ctas() 2) the CTAs come in clusters of two, as
+// many as can be resident at once. Instantiated per head dimension by
+// launch_forward_d*.cu. The host side (hopper_backend.cpp) built the Q and
+// K/V maps with the same tile's box rows.
 // Checked through tests/gpu/test_hopper_forward.cpp.
 #pragma once
 
@@ -29,10 +29,11 @@ namespace gqattn::hopper {
 template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
 void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
   constexpr int kSmem = int(forward_smem_bytes<Tile>());
+  constexpr int kThreads = forward_threads<Tile>();
   ForwardParams p = params;
   // why_not refused more than 2^31 - 1 tiles. With clusters H is even, so
   // the tile count is a multiple of kCluster.
-  p.num_tiles = int(forward_blocks(Tile::kD, p.B, p.H, p.mask.tq));
+  p.num_tiles = int(forward_blocks(Tile::kBlockM, p.B, p.H, p.mask.tq));
   if (p.num_tiles == 0) return;  // no work tile (B, H or Tq is 0)
   auto kernel = forward_kernel<Tile, Elem, kScores, kCluster>;
   GQATTN_CUDA_CHECK(
@@ -83,8 +84,6 @@ void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
 
 template <class Tile, ScoreMode kScores>
 void launch_forward_elem(const ForwardParams& p, ElemType elem, cudaStream_t s) {
-  static_assert(Tile::kBlockM == ForwardTile<Tile::kD>::kBlockM,
-                "forward_blocks counts query tiles of the default tile's kBlockM");
   if constexpr (kScores == ScoreMode::softcap_without_row_max) {
     // score_mode() gives this mode to bf16 only: no f16 kernel is compiled.
     if (elem != ElemType::bf16)
@@ -100,9 +99,16 @@ void launch_forward_elem(const ForwardParams& p, ElemType elem, cudaStream_t s) 
 template <int kD, ScoreMode kScores>
 void launch_forward_scores(const ForwardParams& p, ElemType elem, cudaStream_t s) {
   constexpr bool kSoftcap = flash::has_softcap(kScores);
-  if constexpr (has_wide_tile(kD, kSoftcap)) {
-    if (forward_wide(kD, p.mask.causal, p.mask.window, p.mask.tk, kSoftcap)) {
-      launch_forward_elem<ForwardTile<kD, true>, kScores>(p, elem, s);
+  const TileShape shape = forward_shape(kD, p.mask.causal, p.mask.window, p.mask.tk, kSoftcap);
+  if constexpr (has_tile(kD, TileShape::kTall, kSoftcap)) {
+    if (shape == TileShape::kTall) {
+      launch_forward_elem<ForwardTile<kD, TileShape::kTall>, kScores>(p, elem, s);
+      return;
+    }
+  }
+  if constexpr (has_tile(kD, TileShape::kWide, kSoftcap)) {
+    if (shape == TileShape::kWide) {
+      launch_forward_elem<ForwardTile<kD, TileShape::kWide>, kScores>(p, elem, s);
       return;
     }
   }

@@ -17,7 +17,8 @@ extern template void launch_forward<64>(const ForwardParams&, ElemType, void*);
 extern template void launch_forward<128>(const ForwardParams&, ElemType, void*);
 extern template void launch_forward<256>(const ForwardParams&, ElemType, void*);
 
-// Thread blocks of a forward launch: one per (query tile, head, batch).
-int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq);
+// Work tiles of a forward launch: one per (query tile of block_m rows, head,
+// batch).
+int64_t forward_blocks(int block_m, int64_t B, int64_t H, int64_t Tq);
 
 }  // namespace gqattn::hopper

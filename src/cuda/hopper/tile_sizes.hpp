@@ -3,22 +3,24 @@
 // backend's why_not compares it with the device's opt-in limit). Plain C++
 // so the host side can use it; the kernel static_asserts what it relies on.
 // Checked by compiling and by tests/gpu/test_hopper_forward.cpp (d 64, 128,
-// 256; the wide d128 tile by its non-causal d128 cases, the wide d64 tile by
-// its d64 cases with Tk >= kWideD64MinKeys).
+// 256; the wide d128 tile by its non-causal d128 cases, the tall d64 tile by
+// its d64 cases with Tk >= kTallD64MinKeys).
 //
-// A CTA owns kBlockM = 128 query rows of one head: two consumer warpgroups
-// of 64 rows each (the M of one wgmma) and one producer warpgroup whose
-// first warp issues every TMA copy. Key tiles of kBlockN rows; K and V each
-// go through a kStages-deep ring of shared-memory slots. Shared memory holds
-// every tile as column blocks of 64 elements (128 bytes, the span of the
-// 128-byte swizzle): a [rows x d] tile is d/64 blocks of [rows][64].
+// A CTA owns kBlockM query rows of one head (128; 192 on the tall d64
+// tile): one consumer warpgroup per 64 rows (the M of one wgmma) and one
+// producer warpgroup whose first warp issues every TMA copy. Key tiles of kBlockN rows; K and V
+// each go through a kStages-deep ring of shared-memory slots. Shared memory holds every tile as
+// column blocks of 64 elements (128 bytes, the span of the 128-byte swizzle): a [rows x d] tile is
+// d/64 blocks of [rows][64].
 //
-// The tile is a template parameter of the kernel (ForwardTile<kD, kWide>),
-// chosen at launch by forward_wide(): per head dimension one default tile,
-// plus wide key tiles (FlashAttention-3's): at d128 128 x 176 for problems
-// with neither causal mask nor window, at d64 128 x 192 for long problems
-// without softcap or window. A wide tile has fewer tiles, hence fewer
-// softmax row reductions and barriers, per GEMM FLOP.
+// The tile is a template parameter of the kernel (ForwardTile<kD, kShape>),
+// chosen at launch by forward_shape(): per head dimension one default tile,
+// plus at d128 a wide key tile, 128 x 176, for problems with neither causal
+// mask nor window, and at d64 a tall tile, 192 x 128 with three consumer
+// warpgroups (FlashAttention-3's d64 tile), for long problems without
+// softcap or window. A wide tile has fewer tiles, hence fewer softmax row
+// reductions and barriers, per GEMM FLOP; a tall one more warps to hide the
+// softmax's latencies and one K/V read for 1.5x the query rows.
 #pragma once
 
 #include <cstddef>
@@ -36,16 +38,29 @@ constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / kWarpSize;
 constexpr int kWgmmaM = 64;  // rows of one wgmma: one consumer warpgroup
 constexpr int kWgmmaK = 16;  // reduction depth of one 16-bit wgmma
 
-constexpr int kConsumerWarpgroups = 2;
-constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;  // 384
-constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpsPerWarpgroup;
-// setmaxnreg split (FlashAttention-3, 2 consumer warpgroups with TMA loads):
-// 128 x 24 + 256 x 240 = 64512 <= 65536 registers of an SM.
-constexpr int kProducerRegisters = 24;
-constexpr int kConsumerRegisters = 240;
-static_assert(kWarpgroupThreads * kProducerRegisters +
-                      kConsumerWarpgroups * kWarpgroupThreads * kConsumerRegisters <=
-                  65536,
+// A CTA is one producer warpgroup and kBlockM / 64 consumer warpgroups (64
+// query rows each: the M of one wgmma): two on every tile but the tall d64
+// one, which has three (consumer_warpgroups(), below).
+constexpr int kMaxConsumerWarpgroups = 3;
+// setmaxnreg split per consumer warpgroup count (FlashAttention-3's, with
+// TMA loads): two consumers 128 x 24 + 256 x 240 = 64512, three 128 x 32 +
+// 384 x 160 = 65536 registers, at most an SM's 65536.
+template <int kConsumerWarpgroups>
+struct RegisterSplit;
+template <>
+struct RegisterSplit<2> {
+  static constexpr int kProducer = 24, kConsumer = 240;
+};
+template <>
+struct RegisterSplit<3> {
+  static constexpr int kProducer = 32, kConsumer = 160;
+};
+template <int kConsumerWarpgroups>
+constexpr bool register_split_fits() {
+  using R = RegisterSplit<kConsumerWarpgroups>;
+  return kWarpgroupThreads * (R::kProducer + kConsumerWarpgroups * R::kConsumer) <= 65536;
+}
+static_assert(register_split_fits<2>() && register_split_fits<3>(),
               "register split exceeds the register file");
 
 // Schedule switches of the consumer main loop (consumer.cuh). Each can be
@@ -81,20 +96,6 @@ static_assert(kWarpgroupThreads * kProducerRegisters +
 //   the consumer is at 238 of 240 registers), hence off. Causal d128 on
 //   the wide tile measured slower up to T4k and within the spread at
 //   T8k-T16k (docs/hopper.md TODO 2), hence non-causal only.
-// - kWideD64: d64 problems without softcap or window and with at least
-//   kWideD64MinKeys keys use ForwardTile<64, true>, 128 x 192
-//   (FlashAttention-3's kBlockN for d64): d64's softmax has as many
-//   instructions per score as d128's for half the tensor work, so it is
-//   bound by its instruction stream, and a longer key tile spreads each
-//   tile's fixed work (row maxima, O rescale, barriers, waits) over 1.5x
-//   the scores. Measured on the H200 (2026-11-30, fwd TFLOP/s, 192 / 128
-//   keys, two interleaved builds each): causal B4 T4k 407-408 / 399-402,
-//   non-causal T4k 439 / 431, causal T16k 465-466 / 443; but causal B16
-//   T1k 262-264 / 288 (the diagonal and the last tile waste more), window
-//   1024 301 / 320-322 and softcap 30 207 / 231 (softcap is bound by the
-//   MUFU, which a longer tile does not relieve): hence no softcap, no
-//   window, and Tk >= 4096, the shortest measured gain. Off: the wide d64
-//   kernels are neither chosen nor compiled.
 // - kMulticastKV: the two query heads 2j, 2j + 1 of one kv head (groups of
 //   an even number of query heads) work on the same query tile in one
 //   cluster of two CTAs, and each K/V tile is copied from global memory
@@ -116,8 +117,26 @@ constexpr bool kFastSoftcap = true;
 constexpr bool kPersistentScheduler = true;
 constexpr bool kWideNonCausalD128 = true;
 constexpr bool kWideSoftcapD128 = false;
-constexpr bool kWideD64 = true;
-constexpr int kWideD64MinKeys = 4096;
+// kTallD64: d64 problems without softcap or window and with at least
+// kTallD64MinKeys keys run on ForwardTile<64, TileShape::kTall>, 192 x 128
+// with three consumer warpgroups of 160 registers (FlashAttention-3's d64
+// tile). d64's loop has one exponential per score for half d128's tensor
+// work and waits on the softmax's dependency chains; a third consumer
+// warpgroup gives each SM sub-partition a third warp to hide them, and
+// each K/V tile read serves 192 query rows. Measured on the H200
+// (2026-12-02, fwd TFLOP/s, interleaved builds in one call, tall / the
+// 128 x 192 wide tile it replaced (128 x 128 below 4096 keys and for
+// window) / tall / wide): causal B4 T4k 410 / 406 / 407 / 399, causal B1
+// T16k 481 / 463 / 484 / 465, non-causal B4 T4k 475 / 438 / 477 / 437;
+// but causal B16 T1k 242 / 276 / 243 / 283 (the diagonal tile and the last
+// one waste more of 192 rows), window 1024 316 / 316 / 317 / 314 (no
+// gain), softcap 30 tall 278 / 128 x 128 272-274 (within the spread, and
+// the tall softcap consumers spill 52-68 bytes at 160 registers): hence no softcap, no
+// window, Tk >= 4096. The 128 x 192 tile (kWideD64 until then) measured
+// below the tall one on every problem it ran and was removed. Off: the
+// tall kernels are neither chosen nor compiled.
+constexpr bool kTallD64 = true;
+constexpr int kTallD64MinKeys = 4096;
 constexpr bool kMulticastKV = true;
 // kTmaStoreOutput: the epilogue (epilogue.cuh) writes each warpgroup's 64
 // rows of O, rounded, into a staging area of shared memory in the swizzled
@@ -151,8 +170,8 @@ constexpr bool kKvGroupedOrder = true;
 // tensor work at 128 bytes per clock per SM; Q from registers takes 32 KB
 // off that (d64: the same rates, 16 of 112 KB per tile). The cost: d / 4
 // registers per consumer thread (the d128 plain kernel uses 184 of 240, the
-// d64 one 152; softcap 238 and the wide d128 tile 220 have no room; the
-// wide d64 tile, added later, uses 218 with Q in registers).
+// d64 one 152; softcap 238, the wide d128 tile 220 and the tall d64 tile's
+// 160-register consumers have no room).
 // Measured on the H200 (2026-11-30, fwd TFLOP/s, one call, on / off / on /
 // off, interleaved builds; the 64 forward tests pass with it on): d128
 // causal T1k 420 / 413 / 421 / 415, T4k 608 / 602 / 614 / 603, T16k 615 /
@@ -195,8 +214,12 @@ constexpr bool kLazyRescale = true;
 // beyond 0.625 cap run as before.
 constexpr bool kSoftcapPoly = true;
 
-// ForwardTile<kD, kWide>: kD the head dimension; kWide the wide key tile
-// (only <128, true> and <64, true> exist, used as forward_wide() says).
+// The tile shapes a head dimension may have besides its default.
+enum class TileShape { kDefault, kWide, kTall };
+
+// ForwardTile<kD, kShape>: kD the head dimension; kShape the default, the
+// wide key tile (<128, kWide>) or the tall tile (<64, kTall>), used as
+// forward_shape() says.
 // kMulticastAllowed: the tile may take K/V multicast (kMulticastKV).
 // kLazyRescaleLog2: lazy rescaling's threshold (kLazyRescale).
 // kKvGroupPairs: (batch, kv head) pairs per group of the kv-grouped tile
@@ -223,12 +246,12 @@ constexpr bool kSoftcapPoly = true;
 // instructions, one more MUFU op per score. Measured on the H200 (fwd
 // TFLOP/s, causal cap30 B4 T4k, one-MUFU / two-MUFU): d128 402 / 432, d64
 // 239 / 227 (half d128's tensor work per score: the MUFU pipe bounds it).
-template <int kD, bool kWide = false>
+template <int kD, TileShape kShape = TileShape::kDefault>
 struct ForwardTile;
 template <>
 struct ForwardTile<64> {
   static constexpr int kD = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
-  static constexpr int kKvGroupPairs = 0;  // 8: 1-2% slower (non-causal B4 T4k, wide tile)
+  static constexpr int kKvGroupPairs = 0;  // 8: 1-2% slower (non-causal B4 T4k, 128 x 192)
   static constexpr int kLazyRescaleLog2 = 0;
   static constexpr bool kQInRegistersAllowed = true;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
@@ -239,14 +262,17 @@ struct ForwardTile<64> {
   static constexpr bool kSoftcapPolyAllowed = true;
   static constexpr bool kStageOutputAllowed = true;
 };
-// A wide tile is its head dimension's default with a longer key tile (and
-// what that costs in registers): every other property is the default's.
-// 128 x 192 (d64 without softcap or window, Tk >= kWideD64MinKeys): S is 96
-// f32 per consumer thread (m64n192k16), P 48 packed registers, O 32, Q 16;
-// R0-R218 of 240 with Q in registers, no spills.
+// A wide or tall tile is its head dimension's default with more key or
+// query rows (and what that costs in registers): every other property is
+// the default's.
+// 192 x 128, three consumer warpgroups at 160 registers (kTallD64): S 64
+// f32 per consumer thread, P 32 packed registers, O 32; R0-R157 of 160
+// (ptxas 13.0, 16 bytes of spills: four epilogue addresses, reloaded once
+// per work tile), no room for Q.
 template <>
-struct ForwardTile<64, true> : ForwardTile<64> {
-  static constexpr int kBlockN = 192;
+struct ForwardTile<64, TileShape::kTall> : ForwardTile<64> {
+  static constexpr int kBlockM = 192;
+  static constexpr bool kQInRegistersAllowed = false;
 };
 template <>
 struct ForwardTile<128> {
@@ -266,7 +292,7 @@ struct ForwardTile<128> {
 // registers (11 k16 steps of the P V GEMM), O 64; at 220 of 240 registers
 // no room for Q (d / 4 more).
 template <>
-struct ForwardTile<128, true> : ForwardTile<128> {
+struct ForwardTile<128, TileShape::kWide> : ForwardTile<128> {
   static constexpr int kBlockN = 176;
   static constexpr bool kQInRegistersAllowed = false;
   static constexpr bool kStageOutputAllowed = false;
@@ -290,19 +316,37 @@ struct ForwardTile<256> {
   static constexpr bool kStageOutputAllowed = false;
 };
 
-// Whether head dimension d has a wide tile for softcap on or off at all:
-// which kernels the launchers instantiate.
-constexpr bool has_wide_tile(int d, bool softcap) {
-  return (kWideNonCausalD128 && d == 128 && (!softcap || kWideSoftcapD128)) ||
-         (kWideD64 && d == 64 && !softcap);
+// Whether head dimension d has a tile of `shape` for softcap on or off at
+// all: which kernels the launchers instantiate.
+constexpr bool has_tile(int d, TileShape shape, bool softcap) {
+  switch (shape) {
+    case TileShape::kWide: return kWideNonCausalD128 && d == 128 && (!softcap || kWideSoftcapD128);
+    case TileShape::kTall: return kTallD64 && d == 64 && !softcap;
+    default: return true;
+  }
 }
-// Whether a problem runs on ForwardTile<d, true>. causal, window (0: none)
-// and tk are MaskArgs', softcap ScoreArgs', so the host (TMA box rows,
-// shared memory) and the launcher (kernel instance) decide alike.
-constexpr bool forward_wide(int d, bool causal, int window, int tk, bool softcap) {
-  if (!has_wide_tile(d, softcap) || window != 0) return false;
-  return d == 64 ? tk >= kWideD64MinKeys : !causal;
+// The tile a problem runs on. causal, window (0: none) and tk are
+// MaskArgs', softcap ScoreArgs', so the host (TMA box rows, shared memory,
+// query tiles) and the launcher (kernel instance) decide alike.
+constexpr TileShape forward_shape(int d, bool causal, int window, int tk, bool softcap) {
+  if (window != 0) return TileShape::kDefault;
+  if (has_tile(d, TileShape::kTall, softcap) && tk >= kTallD64MinKeys) return TileShape::kTall;
+  if (has_tile(d, TileShape::kWide, softcap) && !causal) return TileShape::kWide;
+  return TileShape::kDefault;
 }
+
+// The CTA's thread layout on `Tile`: a producer warpgroup and one consumer
+// warpgroup per 64 query rows, with their setmaxnreg split.
+template <class Tile>
+constexpr int consumer_warpgroups() {
+  return Tile::kBlockM / kWgmmaM;
+}
+template <class Tile>
+constexpr int forward_threads() {
+  return (1 + consumer_warpgroups<Tile>()) * kWarpgroupThreads;
+}
+template <class Tile>
+using TileRegisters = RegisterSplit<consumer_warpgroups<Tile>()>;
 
 // The share (in quarters of the n8 blocks) of a tile's P exponentials on
 // the FMA pipe, under softcap or not.
@@ -377,7 +421,7 @@ struct SmemLayout {
   static constexpr uint32_t kOutWarpgroupBytes = uint32_t(kWgmmaM) * kD * kElemBytes;
   static constexpr uint32_t kOut = kOnes + kOnesBytes;
   static constexpr uint32_t kOutBytes =
-      stages_output<Tile>() ? uint32_t(kConsumerWarpgroups) * kOutWarpgroupBytes : 0;
+      stages_output<Tile>() ? uint32_t(consumer_warpgroups<Tile>()) * kOutWarpgroupBytes : 0;
   static constexpr uint32_t kEnd = kOut + kOutBytes;
   // Dynamic shared memory is only guaranteed 16-byte aligned: ask for one
   // atom more and round the base up.
@@ -390,8 +434,9 @@ struct SmemLayout {
   static_assert(kQBytes % kSwizzleAtomBytes == 0 && kKVBytes % kSwizzleAtomBytes == 0 &&
                     kOut % kSwizzleAtomBytes == 0 && kOutWarpgroupBytes % kSwizzleAtomBytes == 0,
                 "tiles must start on 1024-byte boundaries");
-  static_assert(!stages_output<Tile>() || Tile::kBlockM == kConsumerWarpgroups * kWgmmaM,
-                "O's staging area holds one 64-row tile per consumer warpgroup");
+  static_assert(Tile::kBlockM % kWgmmaM == 0 &&
+                    consumer_warpgroups<Tile>() <= kMaxConsumerWarpgroups,
+                "one consumer warpgroup per 64 query rows");
   static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
   // A TMA box and a wgmma N have at most 256 rows; P V walks S in k16 steps.
   static_assert(Tile::kBlockM <= 256 && Tile::kBlockN <= 256, "a TMA box has at most 256 rows");
@@ -408,10 +453,32 @@ constexpr std::size_t forward_smem_bytes() {
 // x 32 KB V = 192 KB + barriers + ones.
 constexpr std::size_t kSm90SmemOptinBytes = 227 * 1024;
 static_assert(forward_smem_bytes<ForwardTile<64>>() <= kSm90SmemOptinBytes &&
-                  forward_smem_bytes<ForwardTile<64, true>>() <= kSm90SmemOptinBytes &&
+                  forward_smem_bytes<ForwardTile<64, TileShape::kTall>>() <= kSm90SmemOptinBytes &&
                   forward_smem_bytes<ForwardTile<128>>() <= kSm90SmemOptinBytes &&
-                  forward_smem_bytes<ForwardTile<128, true>>() <= kSm90SmemOptinBytes &&
+                  forward_smem_bytes<ForwardTile<128, TileShape::kWide>>() <= kSm90SmemOptinBytes &&
                   forward_smem_bytes<ForwardTile<256>>() <= kSm90SmemOptinBytes,
               "a forward tile exceeds sm_90's shared memory");
+
+// What the host needs of the tile a problem runs on (forward_shape()): the
+// query rows of a work tile (the Q map's box, the grid), the key rows (the
+// K/V maps' box) and the shared memory (why_not's check).
+struct ForwardTileDims {
+  int block_m = 0, block_n = 0;
+  std::size_t smem_bytes = 0;
+};
+template <class Tile>
+constexpr ForwardTileDims dims_of() {
+  return ForwardTileDims{Tile::kBlockM, Tile::kBlockN, forward_smem_bytes<Tile>()};
+}
+// d in {64, 128, 256}; shape as forward_shape() gives it for d.
+constexpr ForwardTileDims forward_tile_dims(int d, TileShape shape) {
+  if (d == 64)
+    return shape == TileShape::kTall ? dims_of<ForwardTile<64, TileShape::kTall>>()
+                                     : dims_of<ForwardTile<64>>();
+  if (d == 128)
+    return shape == TileShape::kWide ? dims_of<ForwardTile<128, TileShape::kWide>>()
+                                     : dims_of<ForwardTile<128>>();
+  return dims_of<ForwardTile<256>>();
+}
 
 }  // namespace gqattn::hopper
