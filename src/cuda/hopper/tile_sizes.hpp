@@ -84,7 +84,7 @@ static_assert(register_split_fits<2>() && register_split_fits<3>(),
 //   tile's Q and K/V while the consumers finish and store the current one.
 //   Off: one CTA per work tile (the same code with one tile per CTA).
 // - kWideNonCausalD128: d128 problems with neither causal mask nor window
-//   (after mask_args: a window >= Tk is none) use ForwardTile<128, true>,
+//   (after mask_args: a window >= Tk is none) use ForwardTile<128, TileShape::kWide>,
 //   128 x 176 (FlashAttention-3's kBlockN for d128 non-causal);
 //   everything else keeps 128 x 128. Off: the wide kernels are neither
 //   chosen nor compiled. kWideSoftcapD128 (only with kWideNonCausalD128):
