@@ -131,12 +131,17 @@ constexpr bool kWideSoftcapD128 = false;
 // but causal B16 T1k 242 / 276 / 243 / 283 (the diagonal tile and the last
 // one waste more of 192 rows), window 1024 316 / 316 / 317 / 314 (no
 // gain), softcap 30 tall 278 / 128 x 128 272-274 (within the spread, and
-// the tall softcap consumers spill 52-68 bytes at 160 registers): hence no softcap, no
-// window, Tk >= 4096. The 128 x 192 tile (kWideD64 until then) measured
+// the tall softcap consumers spill 52-68 bytes at 160 registers): hence no
+// softcap, no window. Threshold (same day, another call, tall from 2048
+// keys / from 4096 / 2048 / 4096): causal B8 T2k 348 / 344 / 345 / 341,
+// non-causal B8 T2k 443 / 403 / 445 / 402; from 1024 / 512 / 2048 (x2):
+// non-causal B16 T1k 371-374 / 370-375 / 370 and B32 T512 316 / 326-332
+// / 318-322 (the spread), and causal B16 T1k 237-239 against 277-280:
+// hence Tk >= 2048. The 128 x 192 tile (kWideD64 until then) measured
 // below the tall one on every problem it ran and was removed. Off: the
 // tall kernels are neither chosen nor compiled.
 constexpr bool kTallD64 = true;
-constexpr int kTallD64MinKeys = 4096;
+constexpr int kTallD64MinKeys = 2048;
 constexpr bool kMulticastKV = true;
 // kTmaStoreOutput: the epilogue (epilogue.cuh) writes each warpgroup's 64
 // rows of O, rounded, into a staging area of shared memory in the swizzled
