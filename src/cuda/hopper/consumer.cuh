@@ -113,8 +113,10 @@ struct ConsumerResult {
   float lse[2];  // rows g and g + 8 of this warp's 16 rows
 };
 
-// Ping-pong (round robin) between the kN consumer warpgroups (2, or 3 on
-// the tall tile): each brackets every issue of its GEMMs ("issue point")
+// Ping-pong (round robin) between the kN consumer warpgroups (2; the tall
+// d64 tile's 3 run it only if its kPingPongAllowed is turned on: measured
+// slower there, tile_sizes.hpp, though it passed the forward tests with
+// it): each brackets every issue of its GEMMs ("issue point")
 // with sync(own barrier) ... arrive(next's barrier), next = (wg + 1) % kN,
 // every barrier counting 2 x 128 threads (its owner's syncs and its
 // predecessor's arrivals), so the warpgroups issue in turn: WG0 point 0,

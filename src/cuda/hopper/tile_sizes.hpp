@@ -273,11 +273,17 @@ struct ForwardTile<64> {
 // 192 x 128, three consumer warpgroups at 160 registers (kTallD64): S 64
 // f32 per consumer thread, P 32 packed registers, O 32; R0-R157 of 160
 // (ptxas 13.0, 16 bytes of spills: four epilogue addresses, reloaded once
-// per work tile), no room for Q.
+// per work tile), no room for Q. Without ping-pong: the three warpgroups
+// issue their GEMMs as they come. Measured on the H200 (2026-12-02, fwd
+// TFLOP/s, one call, interleaved builds, without / with the round robin
+// of kPingPong / a 3-slot K/V ring, twice each): causal B4 T4k 417, 418 /
+// 413, 413 / 408, 408; causal B1 T16k 489, 488 / 477, 476 / 472, 485;
+// non-causal B4 T4k 482, 481 / 478, 475 / 466, 475.
 template <>
 struct ForwardTile<64, TileShape::kTall> : ForwardTile<64> {
   static constexpr int kBlockM = 192;
   static constexpr bool kQInRegistersAllowed = false;
+  static constexpr bool kPingPongAllowed = false;
 };
 template <>
 struct ForwardTile<128> {
