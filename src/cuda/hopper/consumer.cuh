@@ -113,11 +113,9 @@ struct ConsumerResult {
   float lse[2];  // rows g and g + 8 of this warp's 16 rows
 };
 
-// Ping-pong (round robin) between the kN consumer warpgroups (2; the tall
-// d64 tile's 3 run it only if its kPingPongAllowed is turned on: measured
-// slower there, tile_sizes.hpp, though it passed the forward tests with
-// it): each brackets every issue of its GEMMs ("issue point")
-// with sync(own barrier) ... arrive(next's barrier), next = (wg + 1) % kN,
+// Ping-pong (round robin) between the kN consumer warpgroups: each brackets
+// every issue of its GEMMs ("issue point") with sync(own barrier) ...
+// arrive(next's barrier), next = (wg + 1) % kN,
 // every barrier counting 2 x 128 threads (its owner's syncs and its
 // predecessor's arrivals), so the warpgroups issue in turn: WG0 point 0,
 // WG1 point 0, ..., WG(kN-1) point 0, WG0 point 1, ...
@@ -135,6 +133,9 @@ struct ConsumerResult {
 // No barrier is ever arrived at twice before its sync: WG w's arrival k + 1
 // on barrier next follows its own sync k + 1, which follows its
 // predecessor's arrival k + 1, which (going round) follows next's sync k.
+// Runs with kN = 2; the tall d64 tile's three warpgroups passed the forward
+// tests with it but measured faster without (its kPingPongAllowed, in
+// tile_sizes.hpp).
 template <int kN>
 struct PingPong {
   static_assert(kN >= 2, "ping-pong needs two consumer warpgroups or more");

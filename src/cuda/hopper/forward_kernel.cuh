@@ -11,8 +11,8 @@
 //     each, wgmma main loop (consumer.cuh; GEMM issues go round the
 //     warpgroups through named barriers 8.. when ping-pong is on), then the epilogue
 //     (epilogue.cuh: O by TMA from a staging area where the tile has one),
-//     per tile; the producer meanwhile loads the next tile's Q (once both
-//     warpgroups released Q) and K/V.
+//     per tile; the producer meanwhile loads the next tile's Q (once every
+//     consumer warpgroup released Q) and K/V.
 // kCluster 2 (K/V multicast, tile_sizes.hpp kMulticastKV): the kernel runs
 // in clusters of two CTAs on two query heads of one kv head; each producer
 // copies half of every K/V tile into both CTAs, so the K/V empty barriers
