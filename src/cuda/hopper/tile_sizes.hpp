@@ -272,8 +272,9 @@ struct ForwardTile<64> {
 // the default's.
 // 192 x 128, three consumer warpgroups at 160 registers (kTallD64): S 64
 // f32 per consumer thread, P 32 packed registers, O 32; R0-R157 of 160
-// (ptxas 13.0, 16 bytes of spills: four epilogue addresses, reloaded once
-// per work tile), no room for Q. Without ping-pong: the three warpgroups
+// (ptxas 13.0, 8 bytes of spills, 16 with ping-pong: values stored before
+// the work-tile loop and reloaded once per work tile in the epilogue,
+// outside the key loop, SASS), no room for Q. Without ping-pong: the three warpgroups
 // issue their GEMMs as they come. Measured on the H200 (2026-12-02, fwd
 // TFLOP/s, one call, interleaved builds, without / with the round robin
 // of kPingPong / a 3-slot K/V ring, twice each): causal B4 T4k 417, 418 /
