@@ -1,0 +1,191 @@
+"""The issues' speed criteria, read off one side-by-side run.
+
+Reads the JSON that bench/side_by_side.py writes and prints, for every
+speed line of the Hopper issues (#5 forward, #6 backward), gqattn's ratio
+to the competitor the line names, three ways:
+  - in the run: the median over the run's rounds and the lowest round (each
+    round's ratio takes both sides from that round);
+  - against the anchors: gqattn's median TFLOP/s over the competitor's number
+    in ../shared/anchors (measured once, 2026-11-30, on an H200), which does
+    not move with the competitor's run-to-run spread.
+The H200 moves a backend's TFLOP/s by up to 13% between runs
+(docs/performance.md), as much as the 1.10x lines, so a line met on one basis
+may be missed on another; this prints all three rather than choosing.
+Checked by bench/tests/test_criteria.py (synthetic runs and anchors).
+
+usage: python bench/criteria.py RUN.json [--anchors DIR] [--ours LABEL] [--markdown]
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+from collections import namedtuple
+
+# One speed line of an issue: gqattn / competitor >= line, on one shape, for
+# the forward or the backward. The shapes are side_by_side.py's labels
+# (shape_key); the lines are the issues' "Done when" texts.
+Criterion = namedtuple("Criterion", "issue pass_ shape competitor line")
+CUDNN, FLEX = "sdpa-cudnn", "flex"
+T4K = "B4 T4096 H32/8 d128 c1 w0 cap0"
+T16K = "B1 T16384 H32/8 d128 c1 w0 cap0"
+NON_CAUSAL = "B4 T4096 H32/8 d128 c0 w0 cap0"
+D64 = "B4 T4096 H32/8 d64 c1 w0 cap0"
+D256 = "B4 T4096 H16/8 d256 c1 w0 cap0"
+WINDOW = "B4 T4096 H32/8 d128 c1 w1024 cap0"
+SOFTCAP = "B4 T4096 H32/8 d128 c1 w0 cap30"
+D256_WINDOW_SOFTCAP = "B2 T8192 H16/8 d256 c1 w4096 cap50"
+CRITERIA = [
+    Criterion(5, "fwd", T4K, CUDNN, 1.10),
+    Criterion(5, "fwd", T16K, CUDNN, 1.10),
+    Criterion(5, "fwd", D64, CUDNN, 1.0),
+    Criterion(5, "fwd", D256, CUDNN, 1.0),
+    Criterion(5, "fwd", NON_CAUSAL, CUDNN, 1.0),
+    Criterion(5, "fwd", WINDOW, FLEX, 2.5),
+    Criterion(5, "fwd", SOFTCAP, FLEX, 2.5),
+    Criterion(5, "fwd", D256_WINDOW_SOFTCAP, FLEX, 2.5),
+    Criterion(6, "bwd", T4K, CUDNN, 1.10),
+    Criterion(6, "bwd", T16K, CUDNN, 1.10),
+    Criterion(6, "bwd", D64, CUDNN, 1.0),
+    Criterion(6, "bwd", D256, CUDNN, 1.2),
+    Criterion(6, "bwd", WINDOW, FLEX, 3.0),
+    Criterion(6, "bwd", SOFTCAP, FLEX, 3.0),
+    Criterion(6, "bwd", D256_WINDOW_SOFTCAP, FLEX, 3.0),
+]
+
+# What one criterion measured: ratios None where the run (or the anchors)
+# has no number for a side.
+Reading = namedtuple("Reading", "criterion run_median run_lowest rounds anchor_ratio anchor_tflops")
+
+
+def default_anchors_dir():
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.normpath(os.path.join(here, "..", "..", "shared", "anchors"))
+
+
+def anchor_key(entry):
+    """anchors.py's record -> side_by_side.py's shape label."""
+    return (f"B{entry['B']} T{entry['T']} H{entry['H']}/{entry['Hkv']} d{entry['hd']} "
+            f"c{int(entry['causal'])} w{entry['window']} cap{float(entry['softcap']):g}")
+
+
+def load_anchors(directory):
+    """(backend, shape label) -> {"fwd": TFLOP/s, "bwd": TFLOP/s} from every
+    anchors-FAMILY-DATE.json in directory; {} if there is none. A backend's
+    numbers come from its own family's file where that has them: the SDPA
+    file also holds a first, broken FlexAttention run (4-18 TFLOP/s), and
+    the anchors' README reports the Flex file's rerun. Within one file a
+    later record of a shape wins."""
+    anchors, from_own_file = {}, set()
+    for path in sorted(glob.glob(os.path.join(directory, "anchors-*.json"))):
+        family = os.path.basename(path)[len("anchors-"):].split("-")[0]
+        with open(path) as f:
+            for entry in json.load(f):
+                if "backend" not in entry or "hd" not in entry:
+                    continue  # the ceiling record
+                key = (entry["backend"], anchor_key(entry))
+                own = entry["backend"].startswith(family)
+                if key in from_own_file and not own:
+                    continue
+                anchors[key] = {"fwd": entry.get("fwd_tflops"), "bwd": entry.get("bwd_tflops")}
+                if own:
+                    from_own_file.add(key)
+    return anchors
+
+
+def ours_label(results):
+    """The first deterministic gqattn backend of the run (side_by_side.py's
+    ratios use the deterministic entries too)."""
+    for r in results:
+        name = r["backend"]
+        if name.startswith("gqattn:") and not name.endswith(":nondet"):
+            return name
+    raise SystemExit("the run has no deterministic gqattn backend")
+
+
+def tflops(record, pass_):
+    value = record.get(f"{pass_}_tflops") if record else None
+    return value if value else None
+
+
+def read_criterion(c, results, ours, anchors):
+    rounds = sorted({r.get("round", 0) for r in results})
+    per_round = []
+    for i in rounds:
+        here = {r["backend"]: r for r in results
+                if r["shape"] == c.shape and r.get("round", 0) == i}
+        mine, theirs = tflops(here.get(ours), c.pass_), tflops(here.get(c.competitor), c.pass_)
+        if mine and theirs:
+            per_round.append(mine / theirs)
+    mine_all = [tflops(r, c.pass_) for r in results
+                if r["shape"] == c.shape and r["backend"] == ours]
+    mine_all = [v for v in mine_all if v]
+    anchor = (anchors.get((c.competitor, c.shape)) or {}).get(c.pass_)
+    anchor_ratio = statistics.median(mine_all) / anchor if mine_all and anchor else None
+    return Reading(c, statistics.median(per_round) if per_round else None,
+                   min(per_round) if per_round else None, len(per_round), anchor_ratio, anchor)
+
+
+def read_run(run, anchors, ours=None):
+    results = run["results"]
+    ours = ours or ours_label(results)
+    return ours, [read_criterion(c, results, ours, anchors) for c in CRITERIA]
+
+
+def met(value, line):
+    return "-" if value is None else ("yes" if value >= line - 1e-12 else "NO")
+
+
+def ratio_text(value):
+    return "-" if value is None else f"{value:.3f}"
+
+
+def rows(readings):
+    for r in readings:
+        c = r.criterion
+        yield [f"#{c.issue}", c.pass_, c.shape, c.competitor, f">= {c.line:.2f}",
+               ratio_text(r.run_median), ratio_text(r.run_lowest), str(r.rounds),
+               met(r.run_median, c.line), met(r.run_lowest, c.line),
+               ratio_text(r.anchor_ratio) +
+               (f" ({r.anchor_tflops:.0f})" if r.anchor_tflops else ""),
+               met(r.anchor_ratio, c.line)]
+
+
+HEADER = ["issue", "pass", "shape", "against", "line", "run median", "lowest round", "rounds",
+          "met (median)", "met (every round)", "vs anchor (its TFLOP/s)", "met (anchor)"]
+
+
+def print_table(readings, markdown, out=sys.stdout):
+    table = [HEADER] + list(rows(readings))
+    if markdown:
+        out.write("| " + " | ".join(HEADER) + " |\n")
+        out.write("|" + "---|" * len(HEADER) + "\n")
+        for row in table[1:]:
+            out.write("| " + " | ".join(row) + " |\n")
+        return
+    widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
+    for row in table:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", help="side_by_side.json of one run")
+    ap.add_argument("--anchors", default=default_anchors_dir(),
+                    help="folder of anchors-*.json (default: ../shared/anchors beside the repo)")
+    ap.add_argument("--ours", help="gqattn's label in the run (default: its first "
+                    "deterministic gqattn backend)")
+    ap.add_argument("--markdown", action="store_true", help="a Markdown table")
+    args = ap.parse_args(argv)
+    with open(args.run) as f:
+        run = json.load(f)
+    anchors = load_anchors(args.anchors)
+    ours, readings = read_run(run, anchors, args.ours)
+    print(f"{ours} in {args.run}; anchors: "
+          f"{args.anchors if anchors else 'none found in ' + args.anchors}")
+    print_table(readings, args.markdown)
+
+
+if __name__ == "__main__":
+    main()

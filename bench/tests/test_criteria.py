@@ -1,0 +1,110 @@
+"""bench/criteria.py without a GPU: the issues' ratios read off a synthetic
+side-by-side run (per round, both sides from the same round) and off
+synthetic anchors (a backend's own family's file wins over another file's
+records of it), and the three verdicts."""
+import io
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import criteria  # noqa: E402
+
+OURS = "gqattn:cuda-hopper"
+
+
+def record(backend, shape, rnd, fwd, bwd):
+    return {"backend": backend, "shape": shape, "round": rnd, "fwd_tflops": fwd,
+            "bwd_tflops": bwd}
+
+
+def anchor(backend, B, T, H, Hkv, hd, causal, window, softcap, fwd, bwd):
+    return {"backend": backend, "B": B, "T": T, "H": H, "Hkv": Hkv, "hd": hd, "causal": causal,
+            "window": window, "softcap": softcap, "fwd_tflops": fwd, "bwd_tflops": bwd}
+
+
+def reading(readings, issue, shape):
+    return next(r for r in readings if r.criterion.issue == issue and r.criterion.shape == shape)
+
+
+@pytest.fixture
+def anchors_dir(tmp_path):
+    sdpa = [{"ceiling_gemm_tflops": 698.0},
+            anchor("sdpa-cudnn", 4, 4096, 32, 8, 128, True, 0, 0, 500.0, 400.0),
+            # A broken Flex run kept in the SDPA file: must not win.
+            anchor("flex", 4, 4096, 32, 8, 128, True, 1024, 0, 4.0, 8.0)]
+    flex = [anchor("flex", 4, 4096, 32, 8, 128, True, 1024, 0, 200.0, 100.0)]
+    (tmp_path / "anchors-sdpa-2026-11-30.json").write_text(json.dumps(sdpa))
+    (tmp_path / "anchors-flex-2026-11-30.json").write_text(json.dumps(flex))
+    return str(tmp_path)
+
+
+def test_anchor_labels_match_the_runs_labels():
+    entry = anchor("flex", 2, 8192, 16, 8, 256, True, 4096, 50.0, 1.0, 1.0)
+    assert criteria.anchor_key(entry) == criteria.D256_WINDOW_SOFTCAP
+
+
+def test_a_backends_own_file_wins(anchors_dir):
+    anchors = criteria.load_anchors(anchors_dir)
+    assert anchors[("flex", criteria.WINDOW)] == {"fwd": 200.0, "bwd": 100.0}
+    assert anchors[("sdpa-cudnn", criteria.T4K)] == {"fwd": 500.0, "bwd": 400.0}
+
+
+def test_no_anchors_reads_the_run_only(tmp_path):
+    assert criteria.load_anchors(str(tmp_path)) == {}
+
+
+def test_ratios_per_round_and_against_the_anchor(anchors_dir):
+    results = [
+        # Round 0: 660 / 600 = 1.10; round 1: 630 / 500 = 1.26.
+        record(OURS, criteria.T4K, 0, 660.0, 480.0),
+        record("sdpa-cudnn", criteria.T4K, 0, 600.0, 400.0),
+        record(OURS, criteria.T4K, 1, 630.0, 420.0),
+        record("sdpa-cudnn", criteria.T4K, 1, 500.0, 400.0),
+        record("gqattn:cuda-hopper:nondet", criteria.T4K, 0, 9999.0, 9999.0),
+    ]
+    ours, readings = criteria.read_run({"results": results}, criteria.load_anchors(anchors_dir))
+    assert ours == OURS
+    fwd = reading(readings, 5, criteria.T4K)
+    assert fwd.rounds == 2
+    assert fwd.run_median == pytest.approx((1.10 + 1.26) / 2)
+    assert fwd.run_lowest == pytest.approx(1.10)
+    # Our median over the rounds, 645, over the anchor's 500.
+    assert fwd.anchor_ratio == pytest.approx(645.0 / 500.0)
+    bwd = reading(readings, 6, criteria.T4K)
+    assert bwd.run_lowest == pytest.approx(1.05)  # 420 / 400: under 1.10
+    assert bwd.anchor_ratio == pytest.approx(450.0 / 400.0)
+
+
+def test_a_shape_without_a_competitor_has_no_ratio(anchors_dir):
+    results = [record(OURS, criteria.T16K, 0, 600.0, 500.0)]
+    _, readings = criteria.read_run({"results": results}, criteria.load_anchors(anchors_dir))
+    r = reading(readings, 5, criteria.T16K)
+    assert r.run_median is None and r.run_lowest is None and r.rounds == 0
+    assert r.anchor_ratio is None  # the synthetic anchors have no T16k
+
+
+def test_verdicts_and_table(anchors_dir):
+    results = [
+        record(OURS, criteria.WINDOW, 0, 520.0, 310.0),
+        record("flex", criteria.WINDOW, 0, 200.0, 100.0),
+    ]
+    _, readings = criteria.read_run({"results": results}, criteria.load_anchors(anchors_dir))
+    fwd = reading(readings, 5, criteria.WINDOW)
+    assert fwd.run_median == pytest.approx(2.6)
+    assert criteria.met(fwd.run_median, 2.5) == "yes"
+    assert criteria.met(2.499, 2.5) == "NO"
+    assert criteria.met(None, 2.5) == "-"
+    out = io.StringIO()
+    criteria.print_table(readings, markdown=True, out=out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 + len(criteria.CRITERIA)
+    window_fwd = next(line for line in lines if criteria.WINDOW in line and "| fwd |" in line)
+    assert "| 2.600 | 2.600 | 1 | yes | yes | 2.600 (200) | yes |" in window_fwd
+
+
+def test_a_run_without_gqattn_is_refused():
+    with pytest.raises(SystemExit):
+        criteria.read_run({"results": [record("flex", criteria.WINDOW, 0, 1.0, 1.0)]}, {})
