@@ -63,7 +63,9 @@ def test_ratios_per_round_and_against_the_anchor(anchors_dir):
         record("sdpa-cudnn", criteria.T4K, 0, 600.0, 400.0),
         record(OURS, criteria.T4K, 1, 630.0, 420.0),
         record("sdpa-cudnn", criteria.T4K, 1, 500.0, 400.0),
+        # Other gqattn entries of the run are not the issues' backend.
         record("gqattn:cuda-hopper:nondet", criteria.T4K, 0, 9999.0, 9999.0),
+        record("gqattn:cuda-flash", criteria.T4K, 0, 9999.0, 9999.0),
     ]
     ours, readings = criteria.read_run({"results": results}, criteria.load_anchors(anchors_dir))
     assert ours == OURS
@@ -105,6 +107,8 @@ def test_verdicts_and_table(anchors_dir):
     assert "| 2.600 | 2.600 | 1 | yes | yes | 2.600 (200) | yes |" in window_fwd
 
 
-def test_a_run_without_gqattn_is_refused():
-    with pytest.raises(SystemExit):
-        criteria.read_run({"results": [record("flex", criteria.WINDOW, 0, 1.0, 1.0)]}, {})
+def test_a_run_without_cuda_hopper_is_refused():
+    results = [record("gqattn:cuda-flash", criteria.WINDOW, 0, 1.0, 1.0),
+               record("flex", criteria.WINDOW, 0, 1.0, 1.0)]
+    with pytest.raises(SystemExit, match="gqattn:cuda-flash"):
+        criteria.read_run({"results": results}, {})
