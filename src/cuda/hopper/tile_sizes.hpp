@@ -8,10 +8,11 @@
 //
 // A CTA owns kBlockM query rows of one head (128; 192 on the tall d64
 // tile): one consumer warpgroup per 64 rows (the M of one wgmma) and one
-// producer warpgroup whose first warp issues every TMA copy. Key tiles of kBlockN rows; K and V
-// each go through a kStages-deep ring of shared-memory slots. Shared memory holds every tile as
-// column blocks of 64 elements (128 bytes, the span of the 128-byte swizzle): a [rows x d] tile is
-// d/64 blocks of [rows][64].
+// producer warpgroup whose first warp issues every TMA copy. Key tiles of
+// kBlockN rows; K and V each go through a kStages-deep ring of
+// shared-memory slots. Shared memory holds every tile as column blocks of
+// 64 elements (128 bytes, the span of the 128-byte swizzle): a [rows x d]
+// tile is d/64 blocks of [rows][64].
 //
 // The tile is a template parameter of the kernel (ForwardTile<kD, kShape>),
 // chosen at launch by forward_shape(): per head dimension one default tile,
@@ -274,12 +275,12 @@ struct ForwardTile<64> {
 // f32 per consumer thread, P 32 packed registers, O 32; R0-R157 of 160
 // (ptxas 13.0, 8 bytes of spills, 16 with ping-pong: values stored before
 // the work-tile loop and reloaded once per work tile in the epilogue,
-// outside the key loop, SASS), no room for Q. Without ping-pong: the three warpgroups
-// issue their GEMMs as they come. Measured on the H200 (2026-12-02, fwd
-// TFLOP/s, one call, interleaved builds, without / with the round robin
-// of kPingPong / a 3-slot K/V ring, twice each): causal B4 T4k 417, 418 /
-// 413, 413 / 408, 408; causal B1 T16k 489, 488 / 477, 476 / 472, 485;
-// non-causal B4 T4k 482, 481 / 478, 475 / 466, 475.
+// outside the key loop, SASS), no room for Q. Without ping-pong: the
+// three warpgroups issue their GEMMs as they come. Measured on the H200
+// (2026-12-02, fwd TFLOP/s, one call, interleaved builds, without / with
+// the round robin of kPingPong / a 3-slot K/V ring, twice each): causal
+// B4 T4k 417, 418 / 413, 413 / 408, 408; causal B1 T16k 489, 488 / 477,
+// 476 / 472, 485; non-causal B4 T4k 482, 481 / 478, 475 / 466, 475.
 template <>
 struct ForwardTile<64, TileShape::kTall> : ForwardTile<64> {
   static constexpr int kBlockM = 192;
