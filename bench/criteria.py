@@ -24,6 +24,9 @@ import statistics
 import sys
 from collections import namedtuple
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from side_by_side import shape_key  # noqa: E402  (the run's shape labels)
+
 # One speed line of an issue: gqattn / competitor >= line, on one shape, for
 # the forward or the backward. The shapes are side_by_side.py's labels
 # (shape_key); the lines are the issues' "Done when" texts.
@@ -67,8 +70,8 @@ def default_anchors_dir():
 
 def anchor_key(entry):
     """anchors.py's record -> side_by_side.py's shape label."""
-    return (f"B{entry['B']} T{entry['T']} H{entry['H']}/{entry['Hkv']} d{entry['hd']} "
-            f"c{int(entry['causal'])} w{entry['window']} cap{float(entry['softcap']):g}")
+    return shape_key((entry["B"], entry["T"], entry["H"], entry["Hkv"], entry["hd"],
+                      entry["causal"], entry["window"], float(entry["softcap"])))
 
 
 def load_anchors(directory):
