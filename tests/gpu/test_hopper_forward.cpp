@@ -14,7 +14,9 @@
 // 192 x 128 tile with three consumer warpgroups (kTallD64): cases with Tq
 // a multiple of 192 and not, Tq < 192, Tq > Tk (rows without keys), f16,
 // padded, and more work tiles than SMs, one and several query tiles per
-// head.
+// head. Causal query tiles end at Tq's last row (kEndAlignedCausalTiles):
+// cases whose first tile starts 64 or 128 rows before row 0, with Tk
+// above and below Tq.
 // With tile_sizes.hpp's kMulticastKV on (the default), d128 without
 // softcap and with an even number of query heads per kv head runs in 2-CTA
 // clusters that multicast K/V: among them one-query-tile, many-tile (more work tiles than resident
@@ -150,6 +152,20 @@ std::vector<HopperCase> cases() {
       make("Tq384_Tk4224_causal_d64_tall_padded", 2, 384, 4224, 4, 2, 64, true, 0, 0.0f, bf16,
            true),
       make("Tq4200_Tk4097_causal_d64_tall_empty_rows", 1, 4200, 4097, 1, 1, 64, true),
+      // Causal query tiles end at Tq's last row (tile_sizes.hpp
+      // kEndAlignedCausalTiles): the first tile starts 64 or 128 rows before
+      // row 0, whose warpgroups keep no key and store nothing, also where
+      // Tk > Tq would give such rows keys (i + Tk - Tq >= 0). Tq 4096 = 22 x
+      // 192 - 128, 4100 = 22 x 192 - 124 (64 rows before 0); d128's tiles
+      // of 128: 1030 = 9 x 128 - 122 (64), windowed and not (the
+      // multicast kernel: GQA 2). Other shifted cases above: T257, Tq37_Tk200,
+      // T700 window 64, T130 d256, Tq70_Tk4500 and the many-tile Tq3_Tk4096.
+      make("T4096_causal_d64_tall_shift128", 1, 4096, 4096, 4, 2, 64, true),
+      make("Tq4100_Tk4300_causal_d64_tall_shift64", 1, 4100, 4300, 2, 1, 64, true),
+      make("Tq4100_Tk4000_causal_d64_tall_shift64_empty_rows", 1, 4100, 4000, 2, 1, 64, true, 0,
+           0.0f, f16),
+      make("Tq1030_Tk1100_causal_d128_shift64_gqa2", 1, 1030, 1100, 4, 2, 128, true),
+      make("T1030_causal_window200_d128_shift64", 2, 1030, 1030, 2, 1, 128, true, 200),
       // d = 256.
       make("T130_causal_d256_mqa", 1, 130, 130, 4, 1, 256, true),
       make("Tq150_Tk20_causal_d256_empty_rows", 1, 150, 20, 2, 1, 256, true),

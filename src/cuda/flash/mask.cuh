@@ -58,9 +58,10 @@ struct MaskPolicy {
   }
 
   // True when every (i, j) of the full bm x bn tile at (m0, n0) is kept, so
-  // the tile needs no element masking. Tiles that cross Tq or Tk never are.
+  // the tile needs no element masking. Tiles that cross Tq or Tk never are,
+  // nor tiles with rows before row 0 (cuda-hopper's end-aligned query tiles).
   __device__ bool fully_kept(int m0, int bm, int n0, int bn) const {
-    if (m0 + bm > tq || n0 + bn > tk) return false;
+    if (m0 < 0 || m0 + bm > tq || n0 + bn > tk) return false;
     if (causal && n0 + bn - 1 > m0 + off) return false;
     if (window > 0 && n0 < m0 + bm - 1 + off - window + 1) return false;
     return true;
@@ -84,9 +85,9 @@ struct MaskPolicy {
         if (kRowsAreKeys) {  // row = key j, columns = queries i
           lo = query_lo(row);
           hi = row < tk ? query_hi(row) : -1;
-        } else {  // row = query i, columns = keys j
+        } else {  // row = query i, columns = keys j; rows outside [0, Tq) keep none
           lo = key_lo(row);
-          hi = row < tq ? key_hi(row) : -1;
+          hi = unsigned(row) < unsigned(tq) ? key_hi(row) : -1;
         }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)

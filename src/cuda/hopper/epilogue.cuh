@@ -69,7 +69,7 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + half * flash::kFragRowHalf;
-    if (row >= tq) continue;
+    if (unsigned(row) >= unsigned(tq)) continue;  // past Tq, or before row 0 (shifted tile)
     Elem* o_row = o + int64_t(row) * p.o_stride.row + col0;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
@@ -82,6 +82,10 @@ template <class Tile, typename Elem>
 __device__ __forceinline__ void store_output(const ForwardParams& p, const TileCoord& tile, int tq,
                                              int wg, const ConsumerResult<Tile::kD>& r,
                                              uint32_t smem) {
+  // A warpgroup whose rows all lie before row 0 (the first tile of an
+  // end-aligned causal problem, tile_coord.cuh query_tile_shift) has nothing
+  // to store; no warpgroup has only some of its rows there.
+  if (tile.m0 + wg * kWgmmaM < 0) return;
   if (stages_output<Tile>() && p.o_by_tma)
     store_output_staged<Tile, Elem>(p, tile, wg, r, smem);
   else
@@ -95,7 +99,7 @@ __device__ __forceinline__ void store_output(const ForwardParams& p, const TileC
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + half * flash::kFragRowHalf;
-    if (row < tq) lse[row] = r.lse[half];
+    if (unsigned(row) < unsigned(tq)) lse[row] = r.lse[half];
   }
 }
 

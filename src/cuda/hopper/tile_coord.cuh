@@ -1,7 +1,9 @@
 // cuda-hopper: which work tiles a CTA owns — (query tile, head, batch) from
 // a linear tile index (in the order of tile_order.hpp: longest first, or
 // kv-grouped where all tiles are equally long), the kv head of its GQA
-// group, and the key tiles the mask policy says it visits.
+// group, and the key tiles the mask policy says it visits. Under a causal
+// mask the query tiles end at Tq's last row (query_tile_shift), so the
+// first tile may start before row 0.
 // TileSchedule deals the indices to the CTAs of the (1-D) grid: CTA c takes,
 // in round r, index r * G + c (r even) or r * G + G - 1 - c (r odd), G =
 // gridDim.x. The order is fixed (deterministic, no atomics) and the same in
@@ -29,8 +31,9 @@ using flash::BlockRange;
 using flash::MaskPolicy;
 
 struct TileCoord {
-  int m0;           // first query row of the tile
-  int rows;         // query rows of the tile that exist (< kBlockM at the Tq edge)
+  int m0;           // first query row of the tile: negative on the first tile
+                    // of a shifted problem (query_tile_shift), a multiple of
+                    // kWgmmaM rows before row 0
   int b, h, hk;     // batch, query head, kv head (h / (H / Hkv))
   BlockRange keys;  // key tiles visited, walked from keys.last down to keys.first
 };
@@ -63,18 +66,35 @@ __device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p)
   return TileOrderArgs{p.B, p.H, p.Hkv, p.num_tiles / (p.B * p.H), pairs};
 }
 
+// How many rows before row 0 the first query tile starts
+// (kEndAlignedCausalTiles): under a causal mask the last tile visits every
+// key tile and the first the fewest, so the rows that round Tq up to whole
+// tiles go before the first tile's rows rather than after the last's, in
+// whole warpgroups (64 rows: a warpgroup has rows either all before row 0
+// or all from row 0 on, the epilogue's unit). 0 without a causal mask
+// (every tile visits the same key tiles) and where Tq is a multiple of
+// kBlockM.
+template <class Tile>
+__device__ __forceinline__ int query_tile_shift(const MaskPolicy& mask, int num_m) {
+  if (!kEndAlignedCausalTiles || !mask.causal) return 0;
+  const int spare_rows = num_m * Tile::kBlockM - mask.tq;  // in [0, kBlockM)
+  return spare_rows / kWgmmaM * kWgmmaM;
+}
+
 template <class Tile>
 __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const MaskPolicy& mask,
                                                 int index) {
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
   TileCoord c;
-  const TileId id = tile_id(tile_order_args<Tile>(p), index);
+  const TileOrderArgs order = tile_order_args<Tile>(p);
+  const TileId id = tile_id(order, index);
   c.b = id.b;
   c.h = id.h;
   c.hk = c.h / (p.H / p.Hkv);
-  c.m0 = id.m_block * kBlockM;
-  c.rows = min(kBlockM, mask.tq - c.m0);
-  c.keys = mask.key_blocks(c.m0, c.rows, kBlockN);
+  c.m0 = id.m_block * kBlockM - query_tile_shift<Tile>(mask, order.num_m);
+  // The key tiles of the rows that exist, [max(m0, 0), min(m0 + kBlockM, Tq)).
+  const int first_row = max(c.m0, 0);
+  c.keys = mask.key_blocks(first_row, min(c.m0 + kBlockM, mask.tq) - first_row, kBlockN);
   return c;
 }
 
