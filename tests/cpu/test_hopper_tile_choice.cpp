@@ -51,7 +51,7 @@ TEST(HopperTileChoice, D64TallOnlyForLongProblemsWithoutSoftcapOrWindow) {
       EXPECT_EQ(forward_shape(64, causal, /*window=*/0, tk, false), tall)
           << "causal " << causal << " tk " << tk;
   EXPECT_EQ(forward_shape(64, true, 0, kTallD64MinKeys - 1, false), TileShape::kDefault);
-  EXPECT_EQ(forward_shape(64, false, 0, 1024, false), TileShape::kDefault);
+  EXPECT_EQ(forward_shape(64, false, 0, 512, false), TileShape::kDefault);
   EXPECT_EQ(forward_shape(64, true, 0, 37, false), TileShape::kDefault);
   EXPECT_EQ(forward_shape(64, true, /*window=*/1024, 16384, false), TileShape::kDefault);
   EXPECT_EQ(forward_shape(64, true, 0, 16384, /*softcap=*/true), TileShape::kDefault);

@@ -10,7 +10,7 @@
 // Non-causal d128 without a window runs on the wide 128 x 176 key tile
 // (tile_sizes.hpp kWideNonCausalD128): its cases have Tk not a multiple of
 // 176 (partially masked last key tile), Tk < 176, Tk a multiple of 176.
-// d64 without softcap or window and with Tk >= 2048 runs on the tall
+// d64 without softcap or window and with Tk >= 1024 runs on the tall
 // 192 x 128 tile with three consumer warpgroups (kTallD64): cases with Tq
 // a multiple of 192 and not, Tq < 192, Tq > Tk (rows without keys), f16,
 // padded, and more work tiles than SMs, one and several query tiles per
@@ -143,7 +143,7 @@ std::vector<HopperCase> cases() {
       make("T129_causal_d64_f16", 1, 129, 129, 4, 2, 64, true, 0, 0.0f, f16),
       make("Tq60_Tk90_d64_f16_padded", 1, 60, 90, 2, 1, 64, false, 0, 0.0f, f16, true),
       make("T900_causal_d64", 1, 900, 900, 2, 1, 64, true),
-      // d = 64 with Tk >= kTallD64MinKeys (2048), no softcap, no window: the
+      // d = 64 with Tk >= kTallD64MinKeys (1024), no softcap, no window: the
       // tall 192 x 128 tile. Query tiles of 192: 70 < 192, 300 = 192 + 108,
       // 384 = 2 x 192, 4200 = 21 x 192 + 168; key tiles of 128: 4500 and
       // 4097 partial.
@@ -161,6 +161,8 @@ std::vector<HopperCase> cases() {
       // multicast kernel: GQA 2). Other shifted cases above: T257, Tq37_Tk200,
       // T700 window 64, T130 d256, Tq70_Tk4500 and the many-tile Tq3_Tk4096.
       make("T4096_causal_d64_tall_shift128", 1, 4096, 4096, 4, 2, 64, true),
+      make("T1030_causal_d64_tall_shift64_gqa2", 2, 1030, 1030, 4, 2, 64, true),
+      make("Tq500_Tk1500_d64_tall", 1, 500, 1500, 2, 1, 64, false),
       make("Tq4100_Tk4300_causal_d64_tall_shift64", 1, 4100, 4300, 2, 1, 64, true),
       make("Tq4100_Tk4000_causal_d64_tall_shift64_empty_rows", 1, 4100, 4000, 2, 1, 64, true, 0,
            0.0f, f16),

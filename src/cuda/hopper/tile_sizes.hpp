@@ -138,11 +138,18 @@ constexpr bool kWideSoftcapD128 = false;
 // non-causal B8 T2k 443 / 403 / 445 / 402; from 1024 / 512 / 2048 (x2):
 // non-causal B16 T1k 371-374 / 370-375 / 370 and B32 T512 316 / 326-332
 // / 318-322 (the spread), and causal B16 T1k 237-239 against 277-280:
-// hence Tk >= 2048. The 128 x 192 tile (kWideD64 until then) measured
-// below the tall one on every problem it ran and was removed. Off: the
-// tall kernels are neither chosen nor compiled.
+// hence Tk >= 2048 then. With the causal tiles end-aligned
+// (kEndAlignedCausalTiles) the tall tile's last tile no longer wastes rows
+// at T1k, and the threshold moved to 1024 (one call, fwd TFLOP/s, from 2048
+// / from 1024 / from 512 / 2048 / 1024): causal B16 T1k 273 / 279 / 283 /
+// 278 / 283, non-causal B16 T1k 366 / 375 / 372 / 370 / 374, causal B32
+// T512 205 / 208 / 196 / 208 / 204 (tall at 512 loses), causal B8 T2k and
+// B4 T4k within the spread, B16 T1000 (below 1024: the control) 258-262
+// in all five. The 128 x 192 tile (kWideD64 until then) measured below the
+// tall one on every problem it ran and was removed. Off: the tall kernels
+// are neither chosen nor compiled.
 constexpr bool kTallD64 = true;
-constexpr int kTallD64MinKeys = 2048;
+constexpr int kTallD64MinKeys = 1024;
 constexpr bool kMulticastKV = true;
 // kTmaStoreOutput: the epilogue (epilogue.cuh) writes each warpgroup's 64
 // rows of O, rounded, into a staging area of shared memory in the swizzled
