@@ -160,6 +160,7 @@ std::vector<HopperCase> cases() {
       // of 128: 1030 = 9 x 128 - 122 (64), windowed and not (the
       // multicast kernel: GQA 2). Other shifted cases above: T257, Tq37_Tk200,
       // T700 window 64, T130 d256, Tq70_Tk4500 and the many-tile Tq3_Tk4096.
+      // Tk 1030 and 1500: the tall tile from kTallD64MinKeys (1024) on.
       make("T4096_causal_d64_tall_shift128", 1, 4096, 4096, 4, 2, 64, true),
       make("T1030_causal_d64_tall_shift64_gqa2", 2, 1030, 1030, 4, 2, 64, true),
       make("Tq500_Tk1500_d64_tall", 1, 500, 1500, 2, 1, 64, false),
