@@ -44,9 +44,13 @@ struct MaskPolicy {
     return window > 0 ? min(tq - 1, j - off + window - 1) : tq - 1;
   }
 
-  // Key blocks of size bn that query rows [m0, m0 + rows) visit.
+  // Key blocks of size bn that query rows [m0, m0 + rows) visit; rows
+  // outside [0, Tq) visit none (a tile may reach past Tq, and cuda-hopper's
+  // end-aligned causal tiles start before row 0).
   __device__ BlockRange key_blocks(int m0, int rows, int bn) const {
-    const int lo = key_lo(m0), hi = key_hi(m0 + rows - 1);
+    const int first = max(m0, 0), last = min(m0 + rows, tq) - 1;
+    if (last < first) return {};
+    const int lo = key_lo(first), hi = key_hi(last);
     if (hi < lo) return {};
     return {lo / bn, hi / bn};
   }

@@ -69,7 +69,7 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + half * flash::kFragRowHalf;
-    if (unsigned(row) >= unsigned(tq)) continue;  // past Tq, or before row 0 (shifted tile)
+    if (row >= tq) continue;
     Elem* o_row = o + int64_t(row) * p.o_stride.row + col0;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
@@ -99,7 +99,7 @@ __device__ __forceinline__ void store_output(const ForwardParams& p, const TileC
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + half * flash::kFragRowHalf;
-    if (unsigned(row) < unsigned(tq)) lse[row] = r.lse[half];
+    if (row < tq) lse[row] = r.lse[half];
   }
 }
 

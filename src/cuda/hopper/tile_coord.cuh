@@ -92,9 +92,7 @@ __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const Ma
   c.h = id.h;
   c.hk = c.h / (p.H / p.Hkv);
   c.m0 = id.m_block * kBlockM - query_tile_shift<Tile>(mask, order.num_m);
-  // The key tiles of the rows that exist, [max(m0, 0), min(m0 + kBlockM, Tq)).
-  const int first_row = max(c.m0, 0);
-  c.keys = mask.key_blocks(first_row, min(c.m0 + kBlockM, mask.tq) - first_row, kBlockN);
+  c.keys = mask.key_blocks(c.m0, kBlockM, kBlockN);
   return c;
 }
 
