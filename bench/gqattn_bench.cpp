@@ -12,7 +12,7 @@
 //   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
 //                [--no-backward] [--nondeterministic] [--release-workspace]
-//                [--idle-ms N]
+//                [--idle-ms N] [--call-times]
 //
 // --nondeterministic passes Options::deterministic = false (cuda-flash's
 // backward then adds dQ with atomics); each line says which in
@@ -27,6 +27,9 @@
 // timed window), so the GPU idles between calls: if a kernel is slower
 // back to back than after a pause (power or thermal limits), this shows it.
 // Each line says which in "idle_ms".
+// --call-times adds every timed call's milliseconds, in call order, as
+// "fwd_call_ms" / "bwd_call_ms": whether a median hides two modes (a
+// kernel that is sometimes 10% slower in one process) or a drift.
 // Each line also gives the wall-clock span of each pass's timed calls,
 // "fwd_wall_s" / "bwd_wall_s": [start, end] in seconds since the epoch, so
 // a clock sampler running beside the bench (side_by_side.py's) can tell
@@ -173,6 +176,7 @@ struct Settings {
   bool deterministic = true;       // Options::deterministic
   bool release_workspace = false;  // release_workspace_memory() after each timed call
   int idle_ms = 0;                 // host sleep before each timed call
+  bool call_times = false;         // every timed call's ms in the line
 };
 
 void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
@@ -258,6 +262,14 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
   // reads must succeed for it to count.
   std::uint64_t mj_start = 0, mj_end = 0;
   bool energy_read = false;
+  std::vector<float> call_ms;  // of the last time_calls, in call order
+  const auto append_call_times = [&](const char* pass) {
+    if (!s.call_times) return;
+    append(line, ", \"%s_call_ms\": [", pass);
+    for (std::size_t i = 0; i < call_ms.size(); ++i)
+      append(line, "%s%.4f", i == 0 ? "" : ", ", double(call_ms[i]));
+    append(line, "]");
+  };
   auto time_calls = [&](auto&& call) {
     for (int i = 0; i < s.warmup; ++i) call(all[std::size_t(i % sets)]);
     if (s.release_workspace) {
@@ -282,6 +294,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
     }
     wall_end = wall_s();
     energy_read = energy_read && energy.read_mj(mj_end) && mj_end >= mj_start;
+    call_ms = ms;
     return median(ms);
   };
 
@@ -303,6 +316,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
            "\"fwd_wall_s\": [%.3f, %.3f]",
            sets, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, wall_start, wall_end);
     append_energy("fwd", fwd_flops);
+    append_call_times("fwd");
     const gqattn::Explanation backward_support =
         gqattn::explain(p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::backward);
     if (s.backward && !backward_support.supported) {
@@ -314,6 +328,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
       append(line, ", \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f, \"bwd_wall_s\": [%.3f, %.3f]", bwd_ms,
              kBackwardFlopFactor * fwd_flops / (bwd_ms * 1e-3) / 1e12, wall_start, wall_end);
       append_energy("bwd", kBackwardFlopFactor * fwd_flops);
+      append_call_times("bwd");
     }
   } catch (const gqattn::Error& e) {
     std::string what = e.what();
@@ -371,11 +386,14 @@ int main(int argc, char** argv) {
       settings.release_workspace = true;
     } else if (arg == "--idle-ms") {
       settings.idle_ms = std::max(0, std::atoi(value().c_str()));
+    } else if (arg == "--call-times") {
+      settings.call_times = true;
     } else {
       std::fprintf(stderr,
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
                    "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
-                   "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N]\n");
+                   "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N] "
+                   "[--call-times]\n");
       return 2;
     }
   }
