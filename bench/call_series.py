@@ -4,7 +4,7 @@ side_by_side.py reports the median of 30 back-to-back calls after 5 warm-up
 calls. On the H200 a long kernel runs faster at first and slows once the
 power management reacts (docs/performance.md, 2026-12-02 twenty-eighth
 session: the d128 causal B1 T16k forward reads about 700 TFLOP/s for its
-first 20-40 calls and 620 afterwards), so that median lands on either side
+first 10-20 calls and 620-635 afterwards), so that median lands on either side
 of the change from run to run. This script times N calls of each backend
 back to back (each call alone between two CUDA events, as both benches do)
 and prints TFLOP/s per window of calls: the early burst, the median of the

@@ -28,8 +28,8 @@
 // back to back than after a pause (power or thermal limits), this shows it.
 // Each line says which in "idle_ms".
 // --call-times adds every timed call's milliseconds, in call order, as
-// "fwd_call_ms" / "bwd_call_ms": whether a median hides two modes (a
-// kernel that is sometimes 10% slower in one process) or a drift.
+// "fwd_call_ms" / "bwd_call_ms": whether the median hides a change within
+// the calls, such as the power limiter's onset (bench/call_series.py).
 // Each line also gives the wall-clock span of each pass's timed calls,
 // "fwd_wall_s" / "bwd_wall_s": [start, end] in seconds since the epoch, so
 // a clock sampler running beside the bench (side_by_side.py's) can tell
