@@ -1,4 +1,5 @@
-"""Call-by-call speed of gqattn and PyTorch SDPA's cuDNN backend on one shape.
+"""Call-by-call speed of gqattn and its competitor on one shape (SDPA's cuDNN
+backend, or FlexAttention under a window or softcap).
 
 side_by_side.py reports the median of 30 back-to-back calls after 5 warm-up
 calls. On the H200 a long kernel runs faster at first and slows once the
@@ -10,7 +11,7 @@ back to back (each call alone between two CUDA events, as both benches do)
 and prints TFLOP/s per window of calls: the early burst, the median of the
 calls side_by_side would time, and the steady state (the last half).
 
-usage: python bench/call_series.py --shape B,T,H,Hkv,d,causal [--calls N]
+usage: python bench/call_series.py --shape B,T,H,Hkv,d,causal[,window,softcap] [--calls N]
            [--backend cuda-hopper] [--bench PATH] [--out FILE.jsonl]
 
 Checked by running it on the GPU; it verifies no result (the tests do).
@@ -38,9 +39,10 @@ def summary(name, pass_name, tflops):
 
 
 def ours(bench, backend, cfg, calls, do_backward):
-    B, T, H, Hkv, d, causal = cfg
-    cmd = [bench, "--backend", backend, "--shape", f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},0,0",
-           "--repeats", str(calls), "--warmup", str(sbs.WARMUP), "--call-times"]
+    B, T, H, Hkv, d, causal, window, softcap = cfg
+    shape = f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},{window},{softcap:g}"
+    cmd = [bench, "--backend", backend, "--shape", shape, "--repeats", str(calls),
+           "--warmup", str(sbs.WARMUP), "--call-times"]
     if not do_backward:
         cmd.append("--no-backward")
     line = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
@@ -51,13 +53,16 @@ def ours(bench, backend, cfg, calls, do_backward):
     return out
 
 
-def cudnn(cfg, calls, do_backward):
+def theirs(cfg, calls, do_backward):
+    """The competitor of the issues' line for cfg: SDPA's cuDNN backend on
+    the plain shapes, FlexAttention (torch.compile) under a window or softcap,
+    built as side_by_side.py builds them."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    B, T, H, Hkv, d, causal = cfg
-    fl = 4.0 * d * H * B * sbs.kept_pairs(T, T, causal, 0)
+    B, T, H, Hkv, d, causal, window, softcap = cfg
+    fl = 4.0 * d * H * B * sbs.kept_pairs(T, T, causal, window)
 
     # side_by_side.py's layout: [B, T, H, d] tensors, passed as [B, H, T, d]
     # views (cuDNN is faster on contiguous [B, H, T, d]: 585 against 537
@@ -66,14 +71,37 @@ def cudnn(cfg, calls, do_backward):
         x = torch.randn(B, T, heads, d, device="cuda", dtype=torch.bfloat16) + sbs.INPUT_MEAN
         return x.requires_grad_(True)
     q, k, v = t(H), t(Hkv), t(Hkv)
-    do = (torch.randn(B, T, H, d, device="cuda", dtype=torch.bfloat16) + sbs.INPUT_MEAN)
+    do = torch.randn(B, T, H, d, device="cuda", dtype=torch.bfloat16) + sbs.INPUT_MEAN
+
+    if window == 0 and softcap == 0:
+        name = "sdpa-cudnn"
+
+        def attend(qt, kt, vt):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                      enable_gqa=H != Hkv)
+    else:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        name = "flex"
+        compiled = torch.compile(flex_attention, dynamic=False)
+
+        def mask_mod(b, h, qi, kj):
+            m = qi >= kj
+            if window:
+                m = m & (qi - kj < window)
+            return m
+        block_mask = create_block_mask(mask_mod, None, None, T, T, device="cuda") if causal else None
+        score_mod = None
+        if softcap:
+            def score_mod(sc, b, h, qi, kj):
+                return softcap * torch.tanh(sc / softcap)
+
+        def attend(qt, kt, vt):
+            return compiled(qt, kt, vt, score_mod=score_mod, block_mask=block_mask,
+                            enable_gqa=H != Hkv)
 
     def fwd():
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                               v.transpose(1, 2), is_causal=causal,
-                                               enable_gqa=H != Hkv)
-        return o.transpose(1, 2)
+        return attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
     o = fwd()
 
     def bwd():
@@ -93,26 +121,30 @@ def cudnn(cfg, calls, do_backward):
             stop.synchronize()
             out.append(flops / start.elapsed_time(stop) / 1e9)
         return out
-    out = [summary("sdpa-cudnn", "fwd", series(fwd, fl))]
+    out = [summary(name, "fwd", series(fwd, fl))]
     if do_backward:
-        out.append(summary("sdpa-cudnn", "bwd", series(bwd, sbs.BWD_FACTOR * fl)))
+        out.append(summary(name, "bwd", series(bwd, sbs.BWD_FACTOR * fl)))
     return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", required=True, help="B,T,H,Hkv,d,causal")
+    ap.add_argument("--shape", required=True, help="B,T,H,Hkv,d,causal[,window,softcap]")
     ap.add_argument("--calls", type=int, default=150)
     ap.add_argument("--backend", default="cuda-hopper")
     ap.add_argument("--bench", help="path of gqattn_bench (default: newest build/*/bench/)")
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--out", help="append the records here as JSON lines")
     a = ap.parse_args()
-    B, T, H, Hkv, d, causal = (int(x) for x in a.shape.split(","))
-    cfg = (B, T, H, Hkv, d, bool(causal))
+    fields = a.shape.split(",")
+    if len(fields) not in (6, 8):
+        ap.error("--shape: B,T,H,Hkv,d,causal or B,T,H,Hkv,d,causal,window,softcap")
+    B, T, H, Hkv, d, causal = (int(x) for x in fields[:6])
+    window, softcap = (int(fields[6]), float(fields[7])) if len(fields) == 8 else (0, 0.0)
+    cfg = (B, T, H, Hkv, d, bool(causal), window, softcap)
     bench = sbs.find_bench(a.bench)
     records = ours(bench, a.backend, cfg, a.calls, not a.no_backward)
-    records += cudnn(cfg, a.calls, not a.no_backward)
+    records += theirs(cfg, a.calls, not a.no_backward)
     for r in records:
         r["shape"] = a.shape
         print(f"{r['backend']:20s} {r['pass_']} {a.shape}: first 30 {r['first30_median']:6.1f}"
