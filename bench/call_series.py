@@ -55,73 +55,34 @@ def ours(bench, backend, cfg, calls, do_backward):
 
 def theirs(cfg, calls, do_backward):
     """The competitor of the issues' line for cfg: SDPA's cuDNN backend on
-    the plain shapes, FlexAttention (torch.compile) under a window or softcap,
-    built as side_by_side.py builds them."""
+    the plain shapes, FlexAttention under a window or softcap, as
+    side_by_side.py builds and times them (its [B, T, H, d] layout: cuDNN is
+    faster on contiguous [B, H, T, d], 585 against 537 TFLOP/s at d128
+    causal B4 T4k, this session)."""
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     B, T, H, Hkv, d, causal, window, softcap = cfg
     fl = 4.0 * d * H * B * sbs.kept_pairs(T, T, causal, window)
+    if window == 0 and softcap == 0:
+        name, attend = "sdpa-cudnn", sbs.sdpa(SDPBackend.CUDNN_ATTENTION, causal)
+    else:
+        name, attend = "flex", sbs.flex(T, causal, window, softcap)
 
-    # side_by_side.py's layout: [B, T, H, d] tensors, passed as [B, H, T, d]
-    # views (cuDNN is faster on contiguous [B, H, T, d]: 585 against 537
-    # TFLOP/s at d128 causal B4 T4k, this session).
     def t(heads):
         x = torch.randn(B, T, heads, d, device="cuda", dtype=torch.bfloat16) + sbs.INPUT_MEAN
         return x.requires_grad_(True)
     q, k, v = t(H), t(Hkv), t(Hkv)
     do = torch.randn(B, T, H, d, device="cuda", dtype=torch.bfloat16) + sbs.INPUT_MEAN
+    o = attend(q, k, v)
 
-    if window == 0 and softcap == 0:
-        name = "sdpa-cudnn"
-
-        def attend(qt, kt, vt):
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
-                                                      enable_gqa=H != Hkv)
-    else:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        name = "flex"
-        compiled = torch.compile(flex_attention, dynamic=False)
-
-        def mask_mod(b, h, qi, kj):
-            m = qi >= kj
-            if window:
-                m = m & (qi - kj < window)
-            return m
-        block_mask = create_block_mask(mask_mod, None, None, T, T, device="cuda") if causal else None
-        score_mod = None
-        if softcap:
-            def score_mod(sc, b, h, qi, kj):
-                return softcap * torch.tanh(sc / softcap)
-
-        def attend(qt, kt, vt):
-            return compiled(qt, kt, vt, score_mod=score_mod, block_mask=block_mask,
-                            enable_gqa=H != Hkv)
-
-    def fwd():
-        return attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-    o = fwd()
-
-    def bwd():
+    def bwd(_):
         q.grad = k.grad = v.grad = None
         o.backward(do, retain_graph=True)
 
     def series(fn, flops):
-        for _ in range(sbs.WARMUP):
-            fn()
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        out = []
-        for _ in range(calls):
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            out.append(flops / start.elapsed_time(stop) / 1e9)
-        return out
-    out = [summary(name, "fwd", series(fwd, fl))]
+        return [flops / ms / 1e9 for ms in sbs.call_times_ms(fn, [None], calls)]
+    out = [summary(name, "fwd", series(lambda _: attend(q, k, v), fl))]
     if do_backward:
         out.append(summary(name, "bwd", series(bwd, sbs.BWD_FACTOR * fl)))
     return out

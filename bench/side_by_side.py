@@ -252,11 +252,79 @@ def run_ours(bench, cfg, repeats, backend, deterministic=True):
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
+def call_times_ms(fn, sets, repeats):
+    """WARMUP untimed calls of fn, then `repeats` calls each alone between
+    two CUDA events (fn(sets[i % len(sets)])): their times in ms, in call
+    order."""
+    import torch
+    for i in range(WARMUP):
+        fn(sets[i % len(sets)])
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(repeats):
+        start.record()
+        fn(sets[i % len(sets)])
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return times
+
+
+def median_ms(fn, sets, repeats):
+    times = sorted(call_times_ms(fn, sets, repeats))
+    return times[len(times) // 2]
+
+
+def sdpa(backend, causal):
+    """SDPA restricted to `backend` on [B, T, H, d] tensors (passed as
+    [B, H, T, d] views, GQA by enable_gqa)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    def f(q, k, v):
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        with sdpa_kernel([backend]):
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                               enable_gqa=kt.shape[1] != qt.shape[1])
+        return o.transpose(1, 2)
+    return f
+
+
+_flex_compiled = {}
+
+
+def flex(T, causal, window, softcap, dev="cuda"):
+    """FlexAttention (torch.compile, compiled once per process) on [B, T, H,
+    d] tensors, with the mask as a block mask and softcap as a score_mod."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if "fa" not in _flex_compiled:
+        _flex_compiled["fa"] = torch.compile(flex_attention, dynamic=False)
+    fa = _flex_compiled["fa"]
+
+    def mask_mod(b, h, qi, kj):
+        m = qi >= kj
+        if window:
+            m = m & (qi - kj < window)
+        return m
+    block_mask = create_block_mask(mask_mod, None, None, T, T, device=dev) if causal else None
+    score_mod = None
+    if softcap:
+        def score_mod(s, b, h, qi, kj):
+            return softcap * torch.tanh(s / softcap)
+
+    def f(q, k, v):
+        o = fa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
+               block_mask=block_mask, enable_gqa=k.shape[2] != q.shape[2])
+        return o.transpose(1, 2)
+    return f
+
+
 def torch_side(cfgs, repeats_of, results):
     """PyTorch's backends on every shape; repeats_of(cfg): the timed calls."""
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     dev = "cuda"
     import torch._dynamo
@@ -264,55 +332,6 @@ def torch_side(cfgs, repeats_of, results):
     if hasattr(torch._dynamo.config, "recompile_limit"):
         torch._dynamo.config.recompile_limit = 256
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-
-    def median_ms(fn, sets, repeats):
-        for i in range(WARMUP):
-            fn(sets[i % len(sets)])
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        times = []
-        for i in range(repeats):
-            start.record()
-            fn(sets[i % len(sets)])
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop))
-        times.sort()
-        return times[len(times) // 2]
-
-    def sdpa(backend, causal):
-        def f(q, k, v):
-            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            with sdpa_kernel([backend]):
-                o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
-                                                   enable_gqa=kt.shape[1] != qt.shape[1])
-            return o.transpose(1, 2)
-        return f
-
-    flex_compiled = {}
-
-    def flex(T, causal, window, softcap):
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        if "fa" not in flex_compiled:
-            flex_compiled["fa"] = torch.compile(flex_attention, dynamic=False)
-        fa = flex_compiled["fa"]
-
-        def mask_mod(b, h, qi, kj):
-            m = qi >= kj
-            if window:
-                m = m & (qi - kj < window)
-            return m
-        block_mask = create_block_mask(mask_mod, None, None, T, T, device=dev) if causal else None
-        score_mod = None
-        if softcap:
-            def score_mod(s, b, h, qi, kj):
-                return softcap * torch.tanh(s / softcap)
-
-        def f(q, k, v):
-            o = fa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
-                   block_mask=block_mask, enable_gqa=k.shape[2] != q.shape[2])
-            return o.transpose(1, 2)
-        return f
 
     def ref_error(f, q, k, v, causal, window, softcap):
         B, T, H, d = q.shape

@@ -123,3 +123,36 @@ def test_power_field_falls_back_where_the_instant_reading_is_unknown_or_na():
     for run in (unknown, not_available, no_smi):
         assert sbs.ClockSampler.pick_power_field(0, run=run) == "power.draw"
         assert run.asked == ["power.draw.instant"]
+
+
+class FakeEvent:
+    """torch.cuda.Event for the timing helpers: each stop event's
+    elapsed_time is the next entry of `durations`."""
+    durations = []
+
+    def __init__(self, enable_timing=False):
+        self.enable_timing = enable_timing
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, stop):
+        return FakeEvent.durations.pop(0)
+
+
+def test_call_times_warm_up_then_time_every_call_in_order(monkeypatch):
+    import types
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(Event=FakeEvent)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    FakeEvent.durations = [3.0, 1.0, 2.0, 5.0]
+    seen = []
+    times = sbs.call_times_ms(seen.append, ["a", "b"], 4)
+    assert times == [3.0, 1.0, 2.0, 5.0]
+    # WARMUP untimed calls, then the timed ones, cycling through the sets.
+    assert seen == [["a", "b"][i % 2] for i in range(sbs.WARMUP)] + ["a", "b", "a", "b"]
+    FakeEvent.durations = [3.0, 1.0, 2.0]
+    assert sbs.median_ms(lambda s: None, [None], 3) == 2.0
