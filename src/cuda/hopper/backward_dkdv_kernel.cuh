@@ -24,7 +24,10 @@
 //     fused dQ: dS^T to shared memory; once both warpgroups have written
 //     theirs (named barrier), dQ_part = dS K (wgmma SS, both operands
 //     MN-major, issued before dK's), half of d per warpgroup, staged in
-//     shared memory while dK's wgmma runs;
+//     shared memory while dK's wgmma runs; or by turns (dq_by_turns, d 64):
+//     warpgroup t % 2 forms all of step t's dQ_part once its dV and dK have
+//     completed and the other warpgroup has handed over its half of dS^T
+//     (which then goes on without waiting: dkdv_finish_step_dq_by_turns);
 //   then dK *= scale and the stores of the rows < Tk (by TMA from a staging
 //   area over the ring, backward_epilogue.cuh, or plain).
 //
@@ -36,7 +39,12 @@
 // ring does not block). Fused dQ: dq_full[t % kDqWriters] (count 8,
 // consumer warps; its writer waits parity (t / kDqWriters) & 1) and one
 // dq_empty (count 1, whichever writer read step t; the consumers wait parity
-// (t & 1) ^ 1 before staging step t). Producer, writer and
+// (t & 1) ^ 1 before staging step t); by turns dq_full counts the 4 warps of
+// the staging warpgroup, and each staging buffer b has its dq_empty[b]
+// (warpgroup b waits parity ((t / 2) & 1) ^ 1), the dS hand-over named
+// barriers (backward_dq_fused.cuh kDsSentBarrier, kDsFreeBarrier) replace
+// the per-step one, and a warpgroup releases its ring slot before its dQ
+// wgmma, which reads only dS and K. Producer, writer and
 // consumers derive the same steps from the same MaskPolicy; with no step,
 // nothing is loaded or waited for and zeros are stored. Shared memory is
 // written by TMA/bulk copies (async proxy) and read by wgmma (async proxy)
@@ -109,8 +117,10 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
 // Fused dQ: run by kDqWriters threads of the producer warpgroup; writer
 // `writer` takes the steps t = writer mod kDqWriters, each announced on its
 // own dq_full barrier (phase t / kDqWriters). The staging is one buffer, so
-// the writers' reads, and their dq_empty arrivals, come in step order.
-// Per step, once both consumer warpgroups have staged their partial, the
+// the writers' reads, and their dq_empty arrivals, come in step order; by
+// turns (dq_by_turns) writer b reads buffer b, where consumer warpgroup b
+// stages the steps t = b mod 2, and arrives on that buffer's dq_empty.
+// Per step, once the consumer warpgroups have staged their partial, the
 // writer moves it into the accumulator in a fixed order: the key tiles that
 // visit a query tile form an interval [first, last] of tile indices (the
 // mask's bounds are monotone); key tile first stores (so the accumulator
@@ -132,6 +142,10 @@ __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const Dkd
   using L = DkdvSmem<kD, true>;
   constexpr int kBM = Tile::kBlockM;
   const uint32_t full = smem + L::kDqFull + uint32_t(writer) * L::kBarrierBytes;
+  // By turns, writer b's steps are staged in buffer b (DkdvSmem).
+  const uint32_t buffer = Tile::kDqByTurns ? uint32_t(writer) : 0u;
+  const uint32_t staging = smem + L::kDqStage + buffer * L::kDqStageBytes;
+  const uint32_t empty = smem + L::kDqEmpty + buffer * L::kBarrierBytes;
   for (int t = writer; t < w.steps; t += kDqWriters) {
     const int m0 = w.m0(t, kBM);
     const int64_t block = dq_accum_block(w.b, w.head(t), m0 / kBM, p.c.H, p.c.tq_padded, kBM);
@@ -144,22 +158,92 @@ __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const Dkd
     const int first = mask.key_blocks(m0, min(kBM, mask.tq - m0), Tile::kBlockN).first;
     const int rank = w.n_block - first;
     if (rank == 0) {
-      ptx::bulk_store(dst, smem + L::kDqStage, L::kDqStageBytes);
+      ptx::bulk_store(dst, staging, L::kDqStageBytes);
     } else {
       while (ptx::ld_acquire_gpu(sem) != rank) __nanosleep(kDqSpinNs);
       ptx::fence_proxy_async_global();
-      ptx::bulk_reduce_add_f32(dst, smem + L::kDqStage, L::kDqStageBytes);
+      ptx::bulk_reduce_add_f32(dst, staging, L::kDqStageBytes);
     }
     ptx::bulk_commit();
     // The staging buffer is free once read: the consumers may stage the
     // next step while this write travels to L2 (its completion takes
     // longer than a step's matrix products).
     ptx::bulk_wait_read_all();
-    ptx::mbar_arrive(smem + L::kDqEmpty);
+    ptx::mbar_arrive(empty);
     ptx::bulk_wait_all();
     ptx::fence_proxy_async_global();
     ptx::red_release_gpu_add(sem, 1);
   }
+}
+
+// Fused dQ by turns (dq_by_turns): the rest of step t once dS^T is packed
+// (dsa; P^T in pa, dV's wgmma already committed when kBwdOverlapDv). Both
+// warpgroups put their dS^T rows into the step's buffer and run dK (and dV);
+// warpgroup t % 2 then waits for the other's half, forms the step's whole
+// dQ partial dS K (A the dS buffer, B the K tile, both MN-major; N = d) once
+// its dV and dK have completed, so that its registers hold dK, dV and dQ
+// only, and stages it for the writers. The other warpgroup arrives and
+// moves on: by the time it is the dQ warpgroup again, its partner is about
+// half a step behind it, in the element-wise phase while it issues GEMMs.
+template <int kD, typename Elem, int kStepsM>
+__device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
+    const DkdvWork& w, uint32_t smem, uint32_t q_tile, uint32_t do_tile, uint32_t ds_buf, int stage,
+    int t, int wg, int warp, int lane, const uint32_t (&pa)[kStepsM][4],
+    const uint32_t (&dsa)[kStepsM][4], float (&dv)[kD / 8][4], float (&dk)[kD / 8][4]) {
+  using Tile = DkdvTile<kD>;
+  using L = DkdvSmem<kD, true>;
+  constexpr int kBN = Tile::kBlockN;
+  constexpr int kBM = Tile::kBlockM;
+  constexpr uint32_t kPairThreads = kBwdConsumerWarpgroups * kWarpgroupThreads;
+  static_assert(!Tile::kSplitD && Tile::kDqCols == kD, "by turns: whole rows of d");
+  const bool dq_turn = (t & 1) == wg;  // warpgroup-uniform
+  const uint32_t buffer = uint32_t(t & 1);
+  const uint32_t wg_rows = uint32_t(wg) * kWarpgroupRowBytes;
+  // This warpgroup last wrote the buffer at step t - 2; if that was the
+  // other's dQ step, its wgmma must have read the buffer.
+  if (!dq_turn && t >= 2) ptx::named_barrier_sync(kDsFreeBarrier + buffer, kPairThreads);
+  store_ds_rows(ds_buf + wg_rows, dsa, warp, lane);
+  ptx::fence_proxy_async_shared();
+  if (!dq_turn) ptx::named_barrier_arrive(kDsSentBarrier + buffer, kPairThreads);
+  ptx::wgmma_fence();
+  if constexpr (!kBwdOverlapDv) {
+#pragma unroll
+    for (int kk = 0; kk < kStepsM; ++kk)
+      ptx::Wgmma<kD, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile, kk), 1);
+  }
+#pragma unroll
+  for (int kk = 0; kk < kStepsM; ++kk)
+    ptx::Wgmma<kD, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile, kk), 1);
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::pin(dv);
+  ptx::pin(dk);
+  // Every wgmma of this warpgroup reading the slot has completed (dQ reads
+  // only the dS buffer and K).
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
+  if (!dq_turn) return;
+
+  // Both halves of dS^T are in the buffer: the other warpgroup's (fenced
+  // before its arrival) and this one's (fenced by each of its threads).
+  ptx::named_barrier_sync(kDsSentBarrier + buffer, kPairThreads);
+  float dq[kD / 8][4];
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
+    ptx::Wgmma<kD, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk), mn_major<kBN>(smem + L::kK, kk),
+                                kk > 0);
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::pin(dq);
+  if (t + 2 < w.steps) ptx::named_barrier_arrive(kDsFreeBarrier + buffer, kPairThreads);
+  // Stage the partial once the writer has read this warpgroup's previous one
+  // (buffer t % 2 holds steps t - 2, t: phase parity (t / 2) & 1).
+  ptx::mbar_wait(smem + L::kDqEmpty + buffer * L::kBarrierBytes, uint32_t((t >> 1) & 1) ^ 1u);
+  stage_dq<kD>(smem + L::kDqStage + buffer * L::kDqStageBytes, dq);
+  ptx::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
 }
 
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
@@ -319,8 +403,13 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       for (int kk = 0; kk < kStepsM; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
     }
     ptx::pin(dsa);
-    [[maybe_unused]] float dq[kDqCols / 8][4];
     [[maybe_unused]] const uint32_t ds_buf = smem + L::kDs + uint32_t(t & 1) * L::kDsBytes;
+    if constexpr (kFusedDq && Tile::kDqByTurns) {
+      dkdv_finish_step_dq_by_turns<kD, Elem>(w, smem, q_tile, do_tile, ds_buf, stage, t, wg, warp,
+                                             lane, pa, dsa, dv, dk);
+      continue;
+    }
+    [[maybe_unused]] float dq[kDqCols / 8][4];
     if constexpr (kFusedDq) {
       // This warpgroup's dS^T rows into the step's dS buffer, fenced for the
       // async proxy (wgmma) that reads it; once both warpgroups have written
@@ -416,8 +505,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if constexpr (kFusedDq) {
 #pragma unroll
       for (int i = 0; i < kDqWriters; ++i)
-        ptx::mbar_init(smem + L::kDqFull + uint32_t(i) * L::kBarrierBytes, kBwdConsumerWarps);
-      ptx::mbar_init(smem + L::kDqEmpty, 1);
+        ptx::mbar_init(smem + L::kDqFull + uint32_t(i) * L::kBarrierBytes, dq_staging_warps(kD));
+#pragma unroll
+      for (int b = 0; b < L::kDqStageBuffers; ++b)
+        ptx::mbar_init(smem + L::kDqEmpty + uint32_t(b) * L::kBarrierBytes, 1);
     }
     ptx::mbar_init_fence();
   }

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "cuda/hopper/backward_params.hpp"
+#include "cuda/hopper/backward_tile_sizes.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
@@ -17,6 +19,21 @@ namespace gqattn::hopper::bwd {
 // Named barrier of the two consumer warpgroups: both halves of a step's dS
 // are in shared memory.
 constexpr uint32_t kDsReadyBarrier = ptx::kFirstNamedBarrier;
+// By turns (dq_by_turns), per dS buffer b (steps t with t % 2 = b): the
+// other warpgroup's half is in it (sent: it arrives, the step's dQ
+// warpgroup syncs) and the dQ wgmma that read it has completed (free: the
+// dQ warpgroup arrives, the other syncs before writing step t + 2's half).
+// The split over d's exchange (backward_split_exchange.cuh) takes the same
+// IDs; it runs only at d = 256, which has no fused dQ.
+constexpr uint32_t kDsSentBarrier = kDsReadyBarrier + 1;  // buffer b: + b
+constexpr uint32_t kDsFreeBarrier = kDsSentBarrier + 2;   // buffer b: + b
+static_assert(kDsFreeBarrier + 1 < ptx::kNamedBarrierCount, "named barrier IDs run out");
+
+// Consumer warps that stage each step's dQ partial (one arrival each on the
+// step's dq_full barrier): one warpgroup's by turns, else both's.
+constexpr int dq_staging_warps(int d) {
+  return dq_by_turns(d) ? kWarpsPerWarpgroup : kBwdConsumerWarps;
+}
 
 // Back-off of the dQ writer while it waits for its turn to add.
 constexpr unsigned kDqSpinNs = 64;

@@ -116,13 +116,19 @@ struct DkdvSmem {
   // Fused dQ only (else 0 bytes): two dS buffers of [kBlockN keys][kBlockM
   // queries] (alternating steps: one warpgroup may still read step t's while
   // the other writes step t + 1's) and the f32 staging of one step's partial
-  // for the bulk reduce-add.
+  // for the bulk reduce-add; by turns one staging buffer per consumer
+  // warpgroup (buffer t % 2, read by writer t % kDqWriters), so that a
+  // warpgroup never waits for the read of the other's partial, and no two
+  // threads write the same staging address.
   static constexpr uint32_t kDsBytes =
       kFusedDq ? uint32_t(Tile::kBlockN) * Tile::kBlockM * kElemBytes : 0u;
   static constexpr uint32_t kDqStageBytes =
       kFusedDq ? uint32_t(Tile::kBlockM) * kD * sizeof(float) : 0u;
+  static constexpr int kDqStageBuffers = Tile::kDqByTurns ? kBwdConsumerWarpgroups : 1;
+  static_assert(!Tile::kDqByTurns || kDqWriters == kDqStageBuffers,
+                "by turns: writer b reads staging buffer b");
   static constexpr uint32_t kDs = kDo + Tile::kStages * kQBytes;  // buffer i: + i kDsBytes
-  static constexpr uint32_t kDqStage = kDs + 2 * kDsBytes;
+  static constexpr uint32_t kDqStage = kDs + 2 * kDsBytes;        // buffer b: + b kDqStageBytes
   // Split over d: the S^T / dP^T exchange of the two consumer warpgroups
   // (backward_split_exchange.cuh), one buffer per warpgroup; split by
   // gradient: warpgroup 0's hand-over of P^T to warpgroup 1, two buffers
@@ -131,20 +137,22 @@ struct DkdvSmem {
       Tile::kSplitD || Tile::kSplitGradients
           ? uint32_t(kWarpgroupThreads) * Tile::kBlockM / 2 * sizeof(float)
           : 0u;
-  static constexpr uint32_t kXchg = kDqStage + kDqStageBytes;  // warpgroup w: + w kXchgBytes
-  static constexpr uint32_t kLse2 = kXchg + 2 * kXchgBytes;    // stage s: + s * kRowBytes
+  static constexpr uint32_t kXchg =
+      kDqStage + kDqStageBuffers * kDqStageBytes;            // warpgroup w: + w kXchgBytes
+  static constexpr uint32_t kLse2 = kXchg + 2 * kXchgBytes;  // stage s: + s * kRowBytes
   static constexpr uint32_t kDsum = kLse2 + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarriers = kDsum + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarrierBytes = 8;
   // kv_full, then per stage full (Q, dO, lse2, D landed) and empty
   // (released), then per dQ writer dq_full (the consumers staged a partial
-  // of one of its steps) and one dq_empty (a writer has read the staging).
+  // of one of its steps) and per staging buffer dq_empty (a writer has read
+  // it).
   static constexpr uint32_t kKVFull = kBarriers;
   static constexpr uint32_t kFull = kKVFull + kBarrierBytes;
   static constexpr uint32_t kEmpty = kFull + Tile::kStages * kBarrierBytes;
   static constexpr uint32_t kDqFull = kEmpty + Tile::kStages * kBarrierBytes;  // writer i: + i
-  static constexpr uint32_t kDqEmpty = kDqFull + kDqWriters * kBarrierBytes;
-  static constexpr uint32_t kEnd = kDqEmpty + kBarrierBytes;
+  static constexpr uint32_t kDqEmpty = kDqFull + kDqWriters * kBarrierBytes;   // buffer b: + b
+  static constexpr uint32_t kEnd = kDqEmpty + kDqStageBuffers * kBarrierBytes;
   static constexpr std::size_t kAllocBytes = std::size_t(kEnd) + kSwizzleAtomBytes;
   // Bytes the producer announces on a stage's full barrier.
   static constexpr uint32_t kStageTxBytes = 2 * kQBytes + 2 * kRowBytes;

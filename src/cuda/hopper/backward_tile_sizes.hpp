@@ -94,6 +94,24 @@ constexpr bool kBwdFusedDq = true;
 // writers one waits for its add while the other issues the next. 1: one
 // writer does every step.
 constexpr int kDqWriters = 2;
+// Fused dQ by turns: step t's partial (its 64 queries, all d columns, over
+// the CTA's kBlockN keys) is formed by consumer warpgroup t % 2 alone, once
+// its own dV and dK wgmmas have completed (so the 64-column accumulator at
+// d = 128 fits beside dK and dV); the other warpgroup hands over its half
+// of dS^T and goes on to the next step without waiting. The two
+// warpgroups then run out of phase, one's element-wise work under the
+// other's matrix products. Off: both meet at a barrier every step and each
+// forms half of the columns, so their element-wise phases coincide and
+// the tensor pipe idles through them (docs/hopper.md, Backward TODO 4).
+// For d <= kBwdDqByTurnsMaxD. Measured on the H200 (bwd TFLOP/s, one call,
+// by turns / lockstep / by turns / lockstep): d64 causal B4 T4k 437, 415,
+// 438, 415; d128 causal B4 T4k 531, 540, 565, 539; B1 T16k 565, 564, 564,
+// 556; non-causal 548, 548, 548, 587; causal cap30 452, 451, 451, 455.
+// d128 gains nothing (its 64 dQ accumulator registers beside dK and dV, its
+// m64n128 SS wgmma), so it keeps the lockstep.
+constexpr bool kBwdDqByTurns = true;
+constexpr int kBwdDqByTurnsMaxD = 64;
+constexpr bool dq_by_turns(int d) { return kBwdDqByTurns && d <= kBwdDqByTurnsMaxD; }
 
 // d = 256: one consumer warpgroup cannot hold dK and dV of 64 rows (2 x 128
 // f32 registers per thread); split_d(d) says the two share each tile, the
@@ -210,9 +228,11 @@ struct DkdvTile {
       (!split_d(kD) && kBwdDeepRing) ? kBwdRingStagesDeep : kBwdRingStagesShallow;
   static constexpr int kColsPerWg = kSplitD ? kD / 2 : kD;  // dK, dV columns of one warpgroup
   // Fused dQ: warpgroup w computes columns [w kDqCols, (w + 1) kDqCols) of
-  // the step's 64 x d partial, over all kBlockN keys of the CTA.
+  // the step's 64 x d partial, over all kBlockN keys of the CTA; by turns
+  // (dq_by_turns) one warpgroup computes all d columns.
   static constexpr bool kFusedDqSupported = fused_dq_supported(kD);
-  static constexpr int kDqCols = kD / 2;
+  static constexpr bool kDqByTurns = dq_by_turns(kD);
+  static constexpr int kDqCols = kDqByTurns ? kD : kD / 2;
 };
 // dQ kernel at d = 256 with whole rows: each consumer warpgroup owns 64
 // query rows and all 256 dQ columns (128 f32 registers per thread), over key

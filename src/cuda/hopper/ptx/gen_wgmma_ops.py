@@ -15,7 +15,7 @@ SS_N = (32, 64, 128, 176, 192)  # S = Q K^T: N = key tile (kBlockN; 176: the wid
                                 # 32: the backward d256 dQ kernel's S, dP)
 RS_N = (8, 64, 128, 256)  # O += P V:  N = head dimension; 8: P times a ones tile (row sums)
 RS_K_N = (128, 192)    # S = Q K^T with Q from registers (kQInRegisters): N = key tile
-SS_MN_N = (32, 64)     # backward dQ = dS K: N = d / 2 (one consumer warpgroup's columns)
+SS_MN_N = (32, 64, 128)  # backward dQ = dS K: N = d / 2 (both warpgroups) or d (by turns)
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 
