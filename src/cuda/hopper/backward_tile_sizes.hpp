@@ -96,19 +96,24 @@ constexpr bool kBwdFusedDq = true;
 constexpr int kDqWriters = 2;
 // Fused dQ by turns: step t's partial (its 64 queries, all d columns, over
 // the CTA's kBlockN keys) is formed by consumer warpgroup t % 2 alone, once
-// its own dV and dK wgmmas have completed (so the 64-column accumulator at
-// d = 128 fits beside dK and dV); the other warpgroup hands over its half
+// its own dV and dK wgmmas have completed (so that P^T and dS^T are dead
+// and the accumulator of d columns fits beside dK and dV; at d = 128, 64
+// registers); the other warpgroup hands over its half
 // of dS^T and goes on to the next step without waiting. The two
 // warpgroups then run out of phase, one's element-wise work under the
 // other's matrix products. Off: both meet at a barrier every step and each
 // forms half of the columns, so their element-wise phases coincide and
 // the tensor pipe idles through them (docs/hopper.md, Backward TODO 4).
 // For d <= kBwdDqByTurnsMaxD. Measured on the H200 (bwd TFLOP/s, one call,
-// by turns / lockstep / by turns / lockstep): d64 causal B4 T4k 437, 415,
-// 438, 415; d128 causal B4 T4k 531, 540, 565, 539; B1 T16k 565, 564, 564,
-// 556; non-causal 548, 548, 548, 587; causal cap30 452, 451, 451, 455.
-// d128 gains nothing (its 64 dQ accumulator registers beside dK and dV, its
-// m64n128 SS wgmma), so it keeps the lockstep.
+// by turns / lockstep / by turns / lockstep): d64 causal B4 T4k 445, 415,
+// 445, 415; B1 T16k 462, 439, 468, 442; non-causal 454, 439, 458, 439;
+// causal cap30 353, 329, 349, 328. At d128 it gains nothing: with one
+// staging buffer (the d128 kernel has no room for a second beside its
+// 3-slot ring) causal B4 T4k 531, 540, 565, 539, B1 T16k 565, 564, 564,
+// 556, non-causal 548, 548, 548, 587, cap30 452, 451, 451, 455; with a
+// buffer per warpgroup and a 2-slot ring, against the 2-slot ring alone
+// (another call): T4k 534, 555 / 551, T16k 563, 566 / 562, non-causal 548,
+// 552 / 548, cap30 475, 472 / 477. So d128 keeps the lockstep.
 constexpr bool kBwdDqByTurns = true;
 constexpr int kBwdDqByTurnsMaxD = 64;
 constexpr bool dq_by_turns(int d) { return kBwdDqByTurns && d <= kBwdDqByTurnsMaxD; }
