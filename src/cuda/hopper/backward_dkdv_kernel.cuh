@@ -183,8 +183,9 @@ __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const Dkd
 // dQ partial dS K (A the dS buffer, B the K tile, both MN-major; N = d) once
 // its dV and dK have completed, so that its registers hold dK, dV and dQ
 // only, and stages it for the writers. The other warpgroup arrives and
-// moves on: by the time it is the dQ warpgroup again, its partner is about
-// half a step behind it, in the element-wise phase while it issues GEMMs.
+// moves on, so the two are no longer tied together every step (they may
+// drift up to about a step apart; how far they do is not measured), and
+// one's element-wise work can run while the other's GEMMs do.
 template <int kD, typename Elem, int kStepsM>
 __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
     const DkdvWork& w, uint32_t smem, uint32_t q_tile, uint32_t do_tile, uint32_t ds_buf, int stage,

@@ -113,7 +113,9 @@ constexpr int kDqWriters = 2;
 // 556, non-causal 548, 548, 548, 587, cap30 452, 451, 451, 455; with a
 // buffer per warpgroup and a 2-slot ring, against the 2-slot ring alone
 // (another call): T4k 534, 555 / 551, T16k 563, 566 / 562, non-causal 548,
-// 552 / 548, cap30 475, 472 / 477. So d128 keeps the lockstep.
+// 552 / 548, cap30 475, 472 / 477. So d128 keeps the lockstep. (By turns
+// at d128 needs kBwdDeepRing false: its second staging buffer does not fit
+// beside 3 slots, and DkdvSmem's static_assert says so.)
 constexpr bool kBwdDqByTurns = true;
 constexpr int kBwdDqByTurnsMaxD = 64;
 constexpr bool dq_by_turns(int d) { return kBwdDqByTurns && d <= kBwdDqByTurnsMaxD; }
