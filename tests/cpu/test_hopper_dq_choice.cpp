@@ -1,7 +1,7 @@
 // cuda-hopper's choice of dQ path (src/cuda/hopper/backward_dq_choice.hpp,
 // host code, so it is checked here, without a GPU): the measured rule
-// (fused under softcap and from 1536 kept keys per query row on) and the
-// GQATTN_HOPPER_DQ switch, including its errors.
+// (fused under softcap and from 1536 kept keys per query row on, only for
+// d <= 128) and the GQATTN_HOPPER_DQ switch, including its errors.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -44,9 +44,9 @@ TEST(HopperDqChoice, RuleFollowsKeysPerRowAndSoftcap) {
   EXPECT_FALSE(use_fused_dq(problem(1024, 128, true, 0, 0.0f)));  // 512.5
   EXPECT_FALSE(use_fused_dq(problem(16384, 128, true, 1024, 0.0f)));
   EXPECT_TRUE(use_fused_dq(problem(100, 128, true, 0, 30.0f)));  // softcap
-  // d = 256 follows the same rule (kBwdFusedDqD256).
-  EXPECT_TRUE(use_fused_dq(problem(16384, 256, true, 0, 0.0f)));
-  EXPECT_TRUE(use_fused_dq(problem(100, 256, true, 0, 30.0f)));
+  // d = 256 has no fused path, whatever the shape.
+  EXPECT_FALSE(use_fused_dq(problem(16384, 256, true, 0, 0.0f)));
+  EXPECT_FALSE(use_fused_dq(problem(100, 256, true, 0, 30.0f)));
 }
 
 TEST(HopperDqChoice, SwitchForcesEitherPath) {
@@ -61,15 +61,14 @@ TEST(HopperDqChoice, SwitchForcesEitherPath) {
 }
 
 TEST(HopperDqChoice, SwitchErrorsNameTheSwitchAndTheRule) {
-  // Only a build with kBwdFusedDqD256 off lacks a fused path for some d.
-  if constexpr (!gqattn::hopper::bwd::fused_dq_supported(256)) {
+  {
     const DqSwitch fused("fused");
     try {
       use_fused_dq(problem(100, 256, true, 0, 0.0f));
       FAIL() << "fused accepted at d = 256";
     } catch (const gqattn::Error& e) {
       EXPECT_EQ(e.argument(), "GQATTN_HOPPER_DQ = fused");
-      EXPECT_NE(e.rule().find("has no fused dQ for d=256"), std::string::npos) << e.what();
+      EXPECT_NE(e.rule().find("needs d <= 128 (got d=256)"), std::string::npos) << e.what();
     }
   }
   {

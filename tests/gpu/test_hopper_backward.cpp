@@ -8,8 +8,7 @@
 // kernel splits the work by gradient, one consumer warpgroup handing P^T to
 // the other every step, so one step and many; the dQ kernel walks 32-key
 // tiles, so Tk not a multiple of 32 too), and sequences long enough to wrap
-// the Q/dO and K/V rings several times; both dQ paths (at d = 256 the fused
-// one stages its partial in the ring slot), and
+// the Q/dO and K/V rings several times; for d <= 128 both dQ paths, and
 // the fused one also with Options::deterministic = false (which cuda-hopper
 // runs with its ordered adds all the same); the dK/dV grid in groups of
 // pairs (GQATTN_HOPPER_DKDV_GROUP). Also: d = 256 is no longer refused; a
@@ -182,6 +181,15 @@ TEST_P(HopperBackwardVsOracle, Backward) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsOracle, ::testing::ValuesIn(cases()), case_name);
 
+// d <= 128 has two dQ paths (backward_dq_choice.hpp); the cases above take
+// the one the rule picks (mostly separate at these sizes), these force each.
+std::vector<BackwardCase> fused_dq_cases() {
+  std::vector<BackwardCase> out;
+  for (const BackwardCase& c : cases())
+    if (c.problem.d <= 128) out.push_back(c);
+  return out;
+}
+
 // Runs case `c` down dQ path `dq_path` (GQATTN_HOPPER_DQ) with
 // Options::deterministic = `deterministic` and expects it to pass the
 // oracle (and, when deterministic, the bitwise rerun); skips, saying why,
@@ -222,17 +230,16 @@ TEST_P(HopperBackwardDqPaths, FusedNondeterministicOption) {
   expect_path_passes(GetParam(), "fused", false);
 }
 
-// Every d has two dQ paths (backward_dq_choice.hpp); the cases above take
-// the one the rule picks (mostly separate at these sizes), these force each.
-INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardDqPaths, ::testing::ValuesIn(cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardDqPaths, ::testing::ValuesIn(fused_dq_cases()),
+                         case_name);
 
 // The dK/dV grid in groups of (batch, kv head) pairs (tile_order.hpp
 // key_tile_id), which the rule takes only for long sequences and many pairs
 // (backward_tile_sizes.hpp dkdv_group_pairs), forced here on the cases with
 // two pairs or more and more than one key tile: one pair a group (every key
 // tile of a pair before the next pair's), and three (a last group of fewer
-// pairs where 3 does not divide them). Through the fused dQ, whose ordered
-// adds must not wait on a key tile dispatched later.
+// pairs where 3 does not divide them). d <= 128 through the fused dQ, whose
+// ordered adds must not wait on a key tile dispatched later.
 std::vector<BackwardCase> grouped_grid_cases() {
   std::vector<BackwardCase> out;
   for (const BackwardCase& c : cases())
@@ -242,12 +249,16 @@ std::vector<BackwardCase> grouped_grid_cases() {
 
 class HopperBackwardGroupedGrid : public ::testing::TestWithParam<BackwardCase> {};
 
+const char* dq_path_for_grouping(const BackwardCase& c) {
+  return c.problem.d <= 128 ? "fused" : nullptr;
+}
+
 TEST_P(HopperBackwardGroupedGrid, OnePairAGroup) {
-  expect_path_passes(GetParam(), "fused", true, "1");
+  expect_path_passes(GetParam(), dq_path_for_grouping(GetParam()), true, "1");
 }
 
 TEST_P(HopperBackwardGroupedGrid, ThreePairsAGroup) {
-  expect_path_passes(GetParam(), "fused", true, "3");
+  expect_path_passes(GetParam(), dq_path_for_grouping(GetParam()), true, "3");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardGroupedGrid,
@@ -278,6 +289,10 @@ TEST(HopperBackwardSupport, DqPathSwitchErrors) {
   const Problem p = d256_problem();
   const std::string why = why_not_backward(p, DType::bf16);
   if (!why.empty()) GTEST_SKIP() << why;
+  const gqattn::Error fused = gqattn::test::backward_switch_error(
+      p, Backend::CudaHopper, "GQATTN_HOPPER_DQ", "fused", /*deterministic=*/true);
+  EXPECT_EQ(fused.argument(), "GQATTN_HOPPER_DQ = fused") << fused.what();
+  EXPECT_NE(fused.rule().find("needs d <= 128"), std::string::npos) << fused.what();
   const gqattn::Error unknown = gqattn::test::backward_switch_error(
       p, Backend::CudaHopper, "GQATTN_HOPPER_DQ", "fuse", /*deterministic=*/true);
   EXPECT_EQ(unknown.argument(), "GQATTN_HOPPER_DQ = 'fuse'") << unknown.what();

@@ -120,10 +120,6 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
 // the writers' reads, and their dq_empty arrivals, come in step order; by
 // turns (dq_by_turns) writer b reads buffer b, where consumer warpgroup b
 // stages the steps t = b mod 2, and arrives on that buffer's dq_empty.
-// Sliced (DkdvTile::kDqSliced, d = 256) a step's partial comes as
-// kDqSlices slices through the one staging buffer, each announced on the
-// step's writer's dq_full and freed on dq_empty; the writer adds them in
-// turn, so the semaphore still counts one increment per key tile.
 // Per step, once the consumer warpgroups have staged their partial, the
 // writer moves it into the accumulator in a fixed order: the key tiles that
 // visit a query tile form an interval [first, last] of tile indices (the
@@ -150,39 +146,30 @@ __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const Dkd
   const uint32_t buffer = Tile::kDqByTurns ? uint32_t(writer) : 0u;
   const uint32_t staging = smem + L::kDqStage + buffer * L::kDqStageBytes;
   const uint32_t empty = smem + L::kDqEmpty + buffer * L::kBarrierBytes;
-  constexpr int kSlices = Tile::kDqSlices;
-  constexpr int kSliceFloats = int(L::kDqStageBytes / sizeof(float));
   for (int t = writer; t < w.steps; t += kDqWriters) {
     const int m0 = w.m0(t, kBM);
     const int64_t block = dq_accum_block(w.b, w.head(t), m0 / kBM, p.c.H, p.c.tq_padded, kBM);
     float* dst = p.dq_accum + block * (int64_t(kBM) * kD);
     int* sem = p.dq_semaphores + block;
+    ptx::mbar_wait(full, uint32_t((t / kDqWriters) & 1));
     // The key tile of rank 0 (the first that visits this query tile) stores,
     // which is why the accumulator is not zeroed; rank r adds once rank
     // r - 1's write has completed.
     const int first = mask.key_blocks(m0, min(kBM, mask.tq - m0), Tile::kBlockN).first;
     const int rank = w.n_block - first;
-#pragma unroll 1
-    for (int slice = 0; slice < kSlices; ++slice) {
-      // This writer's barrier completes kSlices phases per step of its own.
-      ptx::mbar_wait(full, uint32_t(((t / kDqWriters) * kSlices + slice) & 1));
-      float* slice_dst = dst + slice * kSliceFloats;
-      if (rank == 0) {
-        ptx::bulk_store(slice_dst, staging, L::kDqStageBytes);
-      } else {
-        if (slice == 0) {
-          while (ptx::ld_acquire_gpu(sem) != rank) __nanosleep(kDqSpinNs);
-          ptx::fence_proxy_async_global();
-        }
-        ptx::bulk_reduce_add_f32(slice_dst, staging, L::kDqStageBytes);
-      }
-      ptx::bulk_commit();
-      // The staging buffer is free once read: the consumers may stage the
-      // next step (or slice) while this write travels to L2 (its completion
-      // takes longer than a step's matrix products).
-      ptx::bulk_wait_read_all();
-      ptx::mbar_arrive(empty);
+    if (rank == 0) {
+      ptx::bulk_store(dst, staging, L::kDqStageBytes);
+    } else {
+      while (ptx::ld_acquire_gpu(sem) != rank) __nanosleep(kDqSpinNs);
+      ptx::fence_proxy_async_global();
+      ptx::bulk_reduce_add_f32(dst, staging, L::kDqStageBytes);
     }
+    ptx::bulk_commit();
+    // The staging buffer is free once read: the consumers may stage the
+    // next step while this write travels to L2 (its completion takes
+    // longer than a step's matrix products).
+    ptx::bulk_wait_read_all();
+    ptx::mbar_arrive(empty);
     ptx::bulk_wait_all();
     ptx::fence_proxy_async_global();
     ptx::red_release_gpu_add(sem, 1);
@@ -519,7 +506,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if constexpr (kFusedDq) {
 #pragma unroll
       for (int i = 0; i < kDqWriters; ++i)
-        ptx::mbar_init(smem + L::kDqFull + uint32_t(i) * L::kBarrierBytes, dq_staging_warps<kD>());
+        ptx::mbar_init(smem + L::kDqFull + uint32_t(i) * L::kBarrierBytes, dq_staging_warps(kD));
 #pragma unroll
       for (int b = 0; b < L::kDqStageBuffers; ++b)
         ptx::mbar_init(smem + L::kDqEmpty + uint32_t(b) * L::kBarrierBytes, 1);
@@ -546,8 +533,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   ptx::setmaxnreg_inc<kBwdConsumerRegisters>();
   if constexpr (Tile::kSplitGradients) {
-    dkdv_consume_split_grad<kD, Elem, kSoftcap, kFusedDq>(p, w, mask, smem, smem_ptr,
-                                                          warpgroup - 1);
+    static_assert(!kFusedDq, "no fused dQ with the split by gradient");
+    dkdv_consume_split_grad<kD, Elem, kSoftcap>(p, w, mask, smem, smem_ptr, warpgroup - 1);
   } else {
     dkdv_consume<kD, Elem, kSoftcap, kFusedDq>(p, w, mask, smem, smem_ptr, warpgroup - 1);
   }

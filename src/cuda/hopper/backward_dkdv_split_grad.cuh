@@ -17,16 +17,14 @@
 // step and its wgmmas fill the tensor pipe while warpgroup 1 forms dS, and
 // the other way round.
 //
-// The hand-over alternates between B = DkdvSmem::kXchgBuffers buffers by
-// step (two, or one with the fused dQ; 16 KB each:
+// The hand-over alternates between two buffers by step (16 KB each:
 // backward_split_exchange.cuh's layout, thread i of warpgroup 1 reads what
 // thread i of warpgroup 0 wrote). Named barriers, 256 threads:
 //   sent[b]  warpgroup 0 has written buffer b: it arrives (bar.arrive, no
 //            wait), warpgroup 1 syncs before reading;
-//   free[b]  warpgroup 1 is done with buffer b: it arrives after its read
-//            (fused dQ: after the last wgmma reading dS^T there) of step t
-//            when step t + B exists, and warpgroup 0 syncs before writing
-//            step t + B into the same buffer.
+//   free[b]  warpgroup 1 has read buffer b: it arrives after its read of
+//            step t when step t + 2 exists, and warpgroup 0 syncs before
+//            writing step t + 2 into the same buffer.
 // Every phase has 128 + 128 threads and none is left open at exit. An
 // arriving thread's earlier shared-memory accesses are performed relative
 // to the barrier's participants once it completes (PTX ISA, barrier.cta:
@@ -35,19 +33,6 @@
 // run ahead. compute-sanitizer racecheck (two d256 cases, one under
 // softcap, 2026-12-01) reports no hazard on the hand-over, only its known
 // artefact on the lse2 / D bulk copies (docs/hopper.md Backward TODO 7).
-//
-// Fused dQ (kFusedDq; DkdvTile::kDqSliced): warpgroup 1 also forms the
-// step's dQ partial dS K (64 queries x 256 columns, over the CTA's 64 keys).
-// The hand-over then has one buffer (the shared memory of the second is the
-// dQ staging). Once all its threads have read the hand-over, warpgroup 1
-// writes dS^T over the start of the same buffer (store_ds_rows: the
-// MN-major A operand) and forms the partial in four slices of 64 columns,
-// 32 f32 registers each beside dK's 128; two are in flight at a time, so
-// that one is staged while the next is multiplied. Each slice goes through
-// the staging buffer to the step's dQ writer (backward_dkdv_kernel.cuh
-// dkdv_write_dq), which adds it into the accumulator in key-tile order.
-// free is signalled once the last slice's wgmma, the last reader of dS^T,
-// has completed.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +41,6 @@
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_common.cuh"
 #include "cuda/hopper/backward_dkdv_work.cuh"
-#include "cuda/hopper/backward_dq_fused.cuh"
 #include "cuda/hopper/backward_epilogue.cuh"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/backward_split_exchange.cuh"
@@ -67,107 +51,20 @@
 
 namespace gqattn::hopper::bwd {
 
-// This path uses neither the exchange nor the d <= 128 fused dQ's barriers
-// (backward_dq_fused.cuh), which take the same IDs; the gradients' epilogue
-// takes the next free one.
+// This path has neither the fused dQ nor the exchange, whose barriers use
+// the same IDs.
 constexpr uint32_t kGradSentBarrier = ptx::kFirstNamedBarrier;  // buffer b: + b
 constexpr uint32_t kGradFreeBarrier = kGradSentBarrier + 2;     // buffer b: + b
-// Fused dQ: warpgroup 1 alone, around its overwrite of the hand-over buffer.
-constexpr uint32_t kGradDsBarrier = kGradFreeBarrier + 2;
-static_assert(kGradDsBarrier < kGradientStoreBarrier, "named barrier IDs overlap");
-
-// Fused dQ, warpgroup 1, step t (slot `stage`, hand-over buffer `buffer`):
-// dS^T (A fragments `dsa`, also dK's operand) over the hand-over, then dK,
-// after which the slot is released, and the slices of the dQ partial, each
-// staged for the step's writer; where step t + 1 exists, frees the buffer.
-template <int kD, typename Elem, int kStepsM>
-__device__ __forceinline__ void dkdv_dk_and_dq_slices(const DkdvWork& w, uint32_t smem,
-                                                      uint32_t buffer, int stage, int t, int warp,
-                                                      int lane, const uint32_t (&dsa)[kStepsM][4],
-                                                      float (&dk)[kD / 8][4]) {
-  using Tile = DkdvTile<kD>;
-  using L = DkdvSmem<kD, true>;
-  constexpr int kBN = Tile::kBlockN;
-  constexpr int kBM = Tile::kBlockM;
-  constexpr int kCols = Tile::kDqCols;  // one slice
-  constexpr int kSlices = Tile::kDqSlices;
-  constexpr uint32_t kPairThreads = kBwdConsumerWarpgroups * kWarpgroupThreads;
-  static_assert(L::kDqSliced && L::kXchgBuffers == 1 && kCols == kColBlock && kSlices >= 2,
-                "slices of one column block, through one hand-over buffer");
-  const uint32_t q_tile = smem + L::kQ + uint32_t(stage) * L::kQBytes;
-  const uint32_t full = smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes;
-
-  // Every thread of this warpgroup has read its hand-over; then all rows of
-  // dS^T are in the buffer, fenced for wgmma (the async proxy).
-  ptx::named_barrier_sync(kGradDsBarrier, kWarpgroupThreads);
-  store_ds_rows(buffer, dsa, warp, lane);
-  ptx::fence_proxy_async_shared();
-  ptx::named_barrier_sync(kGradDsBarrier, kWarpgroupThreads);
-
-  // dQ[:, slice] = dS K[:, slice]: A the dS^T rows (MN-major), B the K
-  // tile's column block `slice` (MN-major, N along d).
-  const auto issue_slice = [&](float(&dq)[kCols / 8][4], int slice) {
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
-      ptx::Wgmma<kCols, Elem>::ss_mn(
-          dq, mn_major<kBN>(buffer, kk),
-          mn_major<kBN>(smem + L::kK + uint32_t(slice) * (kBN * kSwizzleBytes), kk), kk > 0);
-    ptx::wgmma_commit();
-  };
-  // Stage unit u = kSlices t + slice: wait until the writers have read unit
-  // u - 1 (one dq_empty phase per unit), stage, announce.
-  const auto stage_slice = [&](const float(&dq)[kCols / 8][4], int slice) {
-    const int unit = kSlices * t + slice;
-    ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(unit & 1) ^ 1u);
-    stage_dq<kCols>(smem + L::kDqStage, dq);
-    ptx::fence_proxy_async_shared();
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(full);
-  };
-
-  ptx::pin(dk);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kStepsM; ++kk)
-    ptx::Wgmma<kD, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile, kk), 1);
-  ptx::wgmma_commit();
-  float dq[2][kCols / 8][4];  // slices 2i and 2i + 1
-  issue_slice(dq[0], 0);
-  issue_slice(dq[1], 1);
-  // dK and slice 0 have completed: this warpgroup no longer reads the slot.
-  ptx::wgmma_wait<1>();
-  ptx::pin(dk);
-  ptx::pin(dq[0]);
-  __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
-#pragma unroll
-  for (int slice = 0; slice < kSlices; ++slice) {
-    // Slice `slice` has completed; slice + 1 may still run.
-    if (slice > 0) {
-      if (slice + 1 < kSlices) {
-        ptx::wgmma_wait<1>();
-      } else {
-        ptx::wgmma_wait<0>();
-        // The last reader of dS^T has completed: step t + 1 may write the
-        // hand-over.
-        if (t + 1 < w.steps) ptx::named_barrier_arrive(kGradFreeBarrier, kPairThreads);
-      }
-      ptx::pin(dq[slice & 1]);
-    }
-    stage_slice(dq[slice & 1], slice);
-    if (slice + 2 < kSlices) issue_slice(dq[slice & 1], slice + 2);
-  }
-}
+static_assert(kGradFreeBarrier + 1 < ptx::kNamedBarrierCount, "named barrier IDs run out");
 
 // Run by all 128 threads of consumer warpgroup `wg` (0: dV, 1: dK).
-template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
+template <int kD, typename Elem, bool kSoftcap>
 __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p, const DkdvWork& w,
                                                         const flash::MaskPolicy& mask,
                                                         uint32_t smem,
                                                         const unsigned char* smem_ptr, int wg) {
   using Tile = DkdvTile<kD>;
-  using L = DkdvSmem<kD, kFusedDq>;
+  using L = DkdvSmem<kD, false>;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kNT = kBM / flash::kMmaN;  // n8 blocks of S^T, dP^T (queries)
@@ -197,9 +94,7 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
     const int m0 = w.m0(t, kBM);
     const uint32_t q_tile = smem + L::kQ + uint32_t(stage) * L::kQBytes;
     const uint32_t do_tile = smem + L::kDo + uint32_t(stage) * L::kQBytes;
-    // Hand-over buffer b = t mod kXchgBuffers; its sent / free barriers.
-    const uint32_t b = uint32_t(t % L::kXchgBuffers);
-    const uint32_t buffer = smem + L::kXchg + b * L::kXchgBytes;
+    const uint32_t buffer = smem + L::kXchg + uint32_t(t & 1) * L::kXchgBytes;
     const float* lse2 = reinterpret_cast<const float*>(smem_ptr + L::kLse2 + stage * L::kRowBytes);
     const float* dsum = reinterpret_cast<const float*>(smem_ptr + L::kDsum + stage * L::kRowBytes);
 
@@ -232,7 +127,7 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
         p_from_scores</*kRowsAreKeys=*/true>(x, lse2, p.c.score.mult, mask, w.n0, warp_key0, m0,
                                              lane);
       }
-      if (t >= L::kXchgBuffers) ptx::named_barrier_sync(kGradFreeBarrier + b, kThreads);
+      if (t >= 2) ptx::named_barrier_sync(kGradFreeBarrier + uint32_t(t & 1), kThreads);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
         float h[4];
@@ -240,14 +135,14 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
         for (int e = 0; e < 4; ++e) h[e] = kSoftcap ? x[0][nt][e] * factor[nt][e] : x[0][nt][e];
         store_group_f32(xchg_group_addr(buffer, nt), h);
       }
-      ptx::named_barrier_arrive(kGradSentBarrier + b, kThreads);
+      ptx::named_barrier_arrive(kGradSentBarrier + uint32_t(t & 1), kThreads);
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk)
         flash::acc_to_a<Elem>(a[kk], x[0][2 * kk], x[0][2 * kk + 1]);
     } else {
       // dS^T = hand-over o (dP^T - D).
       dp_minus_d</*kRowsAreKeys=*/true>(x, dsum, lane);
-      ptx::named_barrier_sync(kGradSentBarrier + b, kThreads);
+      ptx::named_barrier_sync(kGradSentBarrier + uint32_t(t & 1), kThreads);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
         float h[4];
@@ -255,15 +150,10 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[0][nt][e] *= h[e];
       }
-      if (!kFusedDq && t + L::kXchgBuffers < w.steps)
-        ptx::named_barrier_arrive(kGradFreeBarrier + b, kThreads);
+      if (t + 2 < w.steps) ptx::named_barrier_arrive(kGradFreeBarrier + uint32_t(t & 1), kThreads);
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk)
         flash::acc_to_a<Elem>(a[kk], x[0][2 * kk], x[0][2 * kk + 1]);
-      if constexpr (kFusedDq) {
-        dkdv_dk_and_dq_slices<kD, Elem>(w, smem, buffer, stage, t, warp, lane, a, acc);
-        continue;
-      }
     }
 
     // dV += P^T dO or dK += dS^T Q (B MN-major: N = all 256 columns, four

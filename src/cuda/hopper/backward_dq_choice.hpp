@@ -1,11 +1,10 @@
 // cuda-hopper: which dQ path a backward call takes (host side, used by
 // hopper_backend.cpp). Checked by tests/gpu/test_hopper_backward.cpp, which
-// runs every case down both paths (GQATTN_HOPPER_DQ).
+// runs every d <= 128 case down both paths (GQATTN_HOPPER_DQ).
 //
 // - separate: the dK/dV kernel, then the dQ kernel that recomputes S and dP
 //   per (query tile, key tile): seven GEMMs, no workspace beyond lse2 / D.
-// - fused (every d; d = 256 as kBwdFusedDqD256 says): the dK/dV kernel
-//   also forms dQ = dS K and writes it
+// - fused (d <= 128): the dK/dV kernel also forms dQ = dS K and writes it
 //   into an f32 accumulator (five GEMMs) in an order fixed by semaphores;
 //   plus a conversion pass over the B*H*Tq*d accumulator, a fixed cost per
 //   query row, and the queueing of the first adds.
@@ -47,8 +46,8 @@ inline bool use_fused_dq(const Problem& p) {
     if (std::strcmp(env, "fused") == 0) {
       if (!supported)
         throw Error(std::string(kVar) + " = fused",
-                    "not supported: this build of cuda-hopper has no fused dQ for d=" +
-                        std::to_string(p.d) + " (backward_tile_sizes.hpp fused_dq_supported)");
+                    "not supported: cuda-hopper's fused dQ needs d <= 128 (got d=" +
+                        std::to_string(p.d) + ")");
       return true;
     }
     throw Error(std::string(kVar) + " = '" + env + "'", "must be fused or separate (or unset)");

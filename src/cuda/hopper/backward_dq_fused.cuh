@@ -24,19 +24,15 @@ constexpr uint32_t kDsReadyBarrier = ptx::kFirstNamedBarrier;
 // warpgroup syncs) and the dQ wgmma that read it has completed (free: the
 // dQ warpgroup arrives, the other syncs before writing step t + 2's half).
 // The split over d's exchange (backward_split_exchange.cuh) takes the same
-// IDs; it runs only at d = 256, whose fused dQ (split by gradient) has
-// barriers of its own (backward_dkdv_split_grad.cuh).
+// IDs; it runs only at d = 256, which has no fused dQ.
 constexpr uint32_t kDsSentBarrier = kDsReadyBarrier + 1;  // buffer b: + b
 constexpr uint32_t kDsFreeBarrier = kDsSentBarrier + 2;   // buffer b: + b
 static_assert(kDsFreeBarrier + 1 < ptx::kNamedBarrierCount, "named barrier IDs run out");
 
 // Consumer warps that stage each step's dQ partial (one arrival each on the
-// step's dq_full barrier): one warpgroup's by turns and sliced (warpgroup
-// 1 at d = 256), else both's.
-template <int kD>
-constexpr int dq_staging_warps() {
-  using Tile = DkdvTile<kD>;
-  return Tile::kDqByTurns || Tile::kDqSliced ? kWarpsPerWarpgroup : kBwdConsumerWarps;
+// step's dq_full barrier): one warpgroup's by turns, else both's.
+constexpr int dq_staging_warps(int d) {
+  return dq_by_turns(d) ? kWarpsPerWarpgroup : kBwdConsumerWarps;
 }
 
 // Back-off of the dQ writer while it waits for its turn to add.

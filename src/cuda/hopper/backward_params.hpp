@@ -120,14 +120,10 @@ struct DkdvSmem {
   // warpgroup (buffer t % 2, read by writer t % kDqWriters), so that a
   // warpgroup never waits for the read of the other's partial, and no two
   // threads write the same staging address.
-  // Split by gradient (DkdvTile::kDqSliced) dS^T goes over the hand-over
-  // buffer instead and one slice of the partial is staged at a time.
-  static constexpr bool kDqSliced = kFusedDq && Tile::kDqSliced;
   static constexpr uint32_t kDsBytes =
-      kFusedDq && !kDqSliced ? uint32_t(Tile::kBlockN) * Tile::kBlockM * kElemBytes : 0u;
-  // The staging holds a step's whole partial, or one slice of it.
+      kFusedDq ? uint32_t(Tile::kBlockN) * Tile::kBlockM * kElemBytes : 0u;
   static constexpr uint32_t kDqStageBytes =
-      kFusedDq ? uint32_t(Tile::kBlockM) * (kDqSliced ? Tile::kDqCols : kD) * sizeof(float) : 0u;
+      kFusedDq ? uint32_t(Tile::kBlockM) * kD * sizeof(float) : 0u;
   static constexpr int kDqStageBuffers = Tile::kDqByTurns ? kBwdConsumerWarpgroups : 1;
   static_assert(!Tile::kDqByTurns || kDqWriters == kDqStageBuffers,
                 "by turns: writer b reads staging buffer b");
@@ -141,11 +137,9 @@ struct DkdvSmem {
       Tile::kSplitD || Tile::kSplitGradients
           ? uint32_t(kWarpgroupThreads) * Tile::kBlockM / 2 * sizeof(float)
           : 0u;
-  // Sliced fused dQ: one hand-over buffer, which also takes dS^T.
-  static constexpr int kXchgBuffers = kDqSliced ? 1 : 2;
   static constexpr uint32_t kXchg =
-      kDqStage + kDqStageBuffers * kDqStageBytes;  // warpgroup w: + w kXchgBytes
-  static constexpr uint32_t kLse2 = kXchg + kXchgBuffers * kXchgBytes;  // stage s: + s * kRowBytes
+      kDqStage + kDqStageBuffers * kDqStageBytes;            // warpgroup w: + w kXchgBytes
+  static constexpr uint32_t kLse2 = kXchg + 2 * kXchgBytes;  // stage s: + s * kRowBytes
   static constexpr uint32_t kDsum = kLse2 + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarriers = kDsum + Tile::kStages * kRowBytes;
   static constexpr uint32_t kBarrierBytes = 8;
@@ -177,11 +171,6 @@ struct DkdvSmem {
   static_assert(kD % kColBlock == 0, "head dimension must be a multiple of 64");
   static_assert(kAllocBytes <= kBwdMaxSmemBytes, "dK/dV tiles exceed shared memory");
   static_assert(kDsBytes % kSwizzleAtomBytes == 0, "dS buffers start on 1024-byte boundaries");
-  // Sliced: dS^T (16-bit [kBlockN keys][kBlockM queries], 128-byte swizzled
-  // rows) fits at the start of the hand-over buffer, on a swizzle atom.
-  static_assert(!kDqSliced || (uint32_t(Tile::kBlockN) * Tile::kBlockM * kElemBytes <= kXchgBytes &&
-                               kXchg % kSwizzleAtomBytes == 0),
-                "dS^T fits the hand-over buffer, swizzle-aligned");
 };
 
 // Fused dQ: the accumulator's block of (b, h, query tile m) starts at float

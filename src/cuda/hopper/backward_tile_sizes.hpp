@@ -9,8 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/hopper/tile_sizes.hpp"  // kColBlock
-
 namespace gqattn::hopper::bwd {
 
 // sm_90's opt-in shared memory per block (227 KB); every layout must fit.
@@ -84,9 +82,10 @@ constexpr int kBwdRingStagesShallow = 2;
 // f32 accumulator by bulk copy, instead of the separate dQ kernel that
 // recomputes S and dP (seven GEMMs in all). Deterministic: the adds into
 // one query tile are ordered by a semaphore, lowest key tile first
-// (backward_dkdv_kernel.cuh). d = 256 as kBwdFusedDqD256 says (its dK or dV
-// of 256 columns leaves room for a slice of the partial only). Off: the
-// separate dQ kernel for every d (and the fused kernels are not compiled).
+// (backward_dkdv_kernel.cuh). d = 256 keeps
+// the separate kernel (its dK or dV of 256 columns leaves no registers for
+// a dQ accumulator). Off: the separate dQ kernel for every d (and the fused
+// kernels are not compiled).
 constexpr bool kBwdFusedDq = true;
 // Fused dQ: threads of the producer warpgroup that move the staged partials
 // to the accumulator, writer i taking the steps t = i mod kDqWriters. An
@@ -217,20 +216,7 @@ constexpr int dkdv_group_pairs(int num_pairs, int key_tiles, int sms,
   return 0;
 }
 
-// Fused dQ at d = 256, in the dK/dV kernel split by gradient
-// (backward_dkdv_split_grad.cuh): warpgroup 1, which forms dS^T, writes it
-// over the hand-over buffer it has just read and forms the step's dQ
-// partial dS K in four slices of 64 columns (32 f32 registers each beside
-// its dK), each staged in a 16 KB buffer and reduce-added by the step's
-// writer. The shared memory comes from the hand-over, which then has one
-// buffer instead of two (warpgroup 0 runs ahead by less than a step).
-// Off: d = 256 keeps the separate dQ kernel (and the fused d256 kernels
-// are not compiled).
-constexpr bool kBwdFusedDqD256 = true;
-constexpr bool fused_dq_supported(int d) {
-  return kBwdFusedDq &&
-         (!split_d(d) || (kBwdFusedDqD256 && dkdv_split(d) == DkdvSplit::kGradients));
-}
+constexpr bool fused_dq_supported(int d) { return kBwdFusedDq && !split_d(d); }
 
 // dK/dV: kBlockN keys per CTA (64 per consumer warpgroup, or 64 shared by
 // both at d = 256), query tiles of kBlockM rows (the N of S^T = K Q^T and
@@ -251,13 +237,9 @@ struct DkdvTile {
   // Fused dQ: warpgroup w computes columns [w kDqCols, (w + 1) kDqCols) of
   // the step's 64 x d partial, over all kBlockN keys of the CTA; by turns
   // (dq_by_turns) one warpgroup computes all d columns.
-  // Split by gradient (d = 256) warpgroup 1 alone forms the partial, in
-  // slices of kDqCols columns, each staged on its own.
   static constexpr bool kFusedDqSupported = fused_dq_supported(kD);
   static constexpr bool kDqByTurns = dq_by_turns(kD);
-  static constexpr bool kDqSliced = kSplitGradients;
-  static constexpr int kDqCols = kDqByTurns ? kD : kDqSliced ? kColBlock : kD / 2;
-  static constexpr int kDqSlices = kDqSliced ? kD / kDqCols : 1;  // staged per step
+  static constexpr int kDqCols = kDqByTurns ? kD : kD / 2;
 };
 // dQ kernel at d = 256 with whole rows: each consumer warpgroup owns 64
 // query rows and all 256 dQ columns (128 f32 registers per thread), over key

@@ -1,7 +1,7 @@
 // cuda-hopper: the backward launcher template: cuda-flash's preprocessing
 // kernel (lse2, D into the workspace; reused as is), then the dK/dV kernel
 // (one CTA per key tile, kv head, batch), then either the dQ kernel (one CTA
-// per query tile, head, batch) or, with the fused dQ, the
+// per query tile, head, batch) or, with the fused dQ (d <= 128), the
 // conversion of the accumulator the dK/dV kernel added into when the caller
 // set p.dq_accum, all on the caller's
 // stream, 1-D grids.
