@@ -83,9 +83,11 @@ constexpr int kBwdRingStagesShallow = 2;
 // recomputes S and dP (seven GEMMs in all). Deterministic: the adds into
 // one query tile are ordered by a semaphore, lowest key tile first
 // (backward_dkdv_kernel.cuh). d = 256 keeps
-// the separate kernel (its dK or dV of 256 columns leaves no registers for
-// a dQ accumulator). Off: the separate dQ kernel for every d (and the fused
-// kernels are not compiled).
+// the separate kernel: its dK or dV of 256 columns leaves room for a 64-column
+// slice of the partial only, and a fused form built that way (commit ca2b9b0)
+// measured slower, bound by its reduce-adds (64 KB per 64-key step, twice
+// d128's bytes per FLOP; docs/hopper.md, Backward TODO 5). Off: the separate
+// dQ kernel for every d (and the fused kernels are not compiled).
 constexpr bool kBwdFusedDq = true;
 // Fused dQ: threads of the producer warpgroup that move the staged partials
 // to the accumulator, writer i taking the steps t = i mod kDqWriters. An
