@@ -17,6 +17,9 @@
 // head. Causal query tiles end at Tq's last row (kEndAlignedCausalTiles):
 // cases whose first tile starts 64 or 128 rows before row 0, with Tk
 // above and below Tq.
+// Packed GQA (pack_gqa.hpp: Tq short of a tile, the rows of a tile the
+// query heads of one kv head): cases listed at the end of cases(), and the
+// plain O stores of packed rows in StrideTmaCannotStoreGivesTheSameBits.
 // With tile_sizes.hpp's kMulticastKV on (the default), d128 without
 // softcap and with an even number of query heads per kv head runs in 2-CTA
 // clusters that multicast K/V: among them one-query-tile, many-tile (more work tiles than resident
@@ -215,6 +218,31 @@ std::vector<HopperCase> cases() {
           make("T900_d128_wide_large_logits_f16", 1, 900, 900, 2, 1, 128, false, 0, 0.0f, f16)),
       large_logits(make("T500_causal_d64_large_logits", 1, 500, 500, 2, 1, 64, true)),
       large_logits(make("T600_d256_large_logits", 1, 600, 600, 2, 1, 256, false)),
+      // Packed GQA (pack_gqa.hpp): Tq short of a tile, so a tile's rows are
+      // the (query, head) pairs of all G query heads of a kv head. G 2 to
+      // 64, one and several packed tiles per kv head, rows crossing from
+      // one warpgroup to the next (Tq G not a multiple of 64), causal
+      // bottom-right with Tk > Tq and Tq > Tk (rows without keys), windows,
+      // both softcap modes, f16, padded strides, d 64 (128 x 128 and the
+      // tall tile), 128 (narrow and wide), 256, and more packed tiles than
+      // SMs. T1_d128 and Tq37_Tk200_causal_d128 above are packed too (G 2).
+      make("Tq1_Tk300_d128_pack_gqa4_wide", 2, 1, 300, 8, 2, 128, false),
+      make("Tq1_Tk1000_causal_d128_pack_mqa32", 1, 1, 1000, 32, 1, 128, true),
+      make("Tq1_Tk150_d128_pack_mqa64", 1, 1, 150, 64, 1, 128, true),
+      make("Tq5_Tk300_causal_d128_pack_gqa4", 3, 5, 300, 16, 4, 128, true),
+      make("Tq33_Tk200_causal_window40_d128_pack_gqa2", 1, 33, 200, 4, 2, 128, true, 40),
+      make("Tq40_Tk600_causal_d128_pack_gqa8_3tiles", 1, 40, 600, 16, 2, 128, true),
+      make("Tq50_Tk20_causal_d128_pack_gqa2_empty_rows", 1, 50, 20, 4, 2, 128, true),
+      large_logits(make("Tq17_Tk300_causal_softcap30_d128_pack_gqa4", 1, 17, 300, 8, 2, 128, true,
+                        0, 30.0f)),
+      large_logits(make("Tq9_Tk200_softcap30_d128_pack_gqa4_f16", 1, 9, 200, 8, 2, 128, false, 0,
+                        30.0f, f16)),
+      make("Tq6_Tk130_causal_d128_pack_gqa4_padded", 2, 6, 130, 8, 2, 128, true, 0, 0.0f, bf16,
+           true),
+      make("Tq7_Tk100_d64_pack_gqa8_f16", 1, 7, 100, 16, 2, 64, false, 0, 0.0f, f16),
+      make("Tq33_Tk1200_causal_d64_pack_tall_gqa4", 2, 33, 1200, 8, 2, 64, true),
+      make("Tq3_Tk300_causal_d256_pack_gqa8", 1, 3, 300, 16, 2, 256, true),
+      make("B24_H32_Tq20_Tk500_causal_d128_pack_gqa4_many_tiles", 24, 20, 500, 32, 8, 128, true),
   };
 }
 
@@ -324,17 +352,25 @@ TEST(HopperSupport, MisalignedStrideNamesTheTensor) {
 // the staged TMA store (tile_sizes.hpp kTmaStoreOutput); it must give the
 // same bits as packed o and leave the gaps between rows alone. d64 and d128
 // (the tiles that stage O), causal, GQA 2 (d128: the multicast kernel),
-// Tq not a multiple of the 64-row stores.
+// Tq not a multiple of the 64-row stores; and packed GQA tiles
+// (pack_gqa.hpp: Tq 5 and 33 with G 4 and 8, whose rows are (query, head)
+// pairs: each row's own head and query in the plain stores).
 TEST(HopperForwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
-  for (const int64_t d : {int64_t(64), int64_t(128)}) {
-    Problem p = small_problem(d);
+  struct Shape {
+    int64_t d, Tq, Tk, H, Hkv;
+  };
+  for (const Shape& s : {Shape{64, 300, 300, 4, 2}, Shape{128, 300, 300, 4, 2},
+                         Shape{128, 5, 300, 8, 2}, Shape{64, 33, 200, 16, 2}}) {
+    Problem p = small_problem(s.d);
     p.B = 2;
-    p.Tq = p.Tk = 300;
-    p.H = 4;
-    p.Hkv = 2;
+    p.Tq = s.Tq;
+    p.Tk = s.Tk;
+    p.H = s.H;
+    p.Hkv = s.Hkv;
     const std::string why = why_not_hopper(p, DType::bf16);
     if (!why.empty()) GTEST_SKIP() << why;
-    SCOPED_TRACE("d = " + std::to_string(d));
+    SCOPED_TRACE("d = " + std::to_string(s.d) + ", Tq = " + std::to_string(s.Tq) +
+                 ", H / Hkv = " + std::to_string(s.H / s.Hkv));
     Tensors t(p);
     t.q.upload(gqattn::test::random_bf16(p.B * p.Tq * p.H * p.d, kSeed));
     t.k.upload(gqattn::test::random_bf16(p.B * p.Tk * p.Hkv * p.d, kSeed + 1));

@@ -27,9 +27,15 @@ struct BlockRange {
 struct MaskPolicy {
   int tq, tk, off, window;
   bool causal;
+  int row_shift;  // a query row r of a tile is query r >> row_shift (MaskArgs)
 
   __device__ explicit MaskPolicy(const MaskArgs& m)
-      : tq(m.tq), tk(m.tk), off(m.tk - m.tq), window(m.window), causal(m.causal) {}
+      : tq(m.tq),
+        tk(m.tk),
+        off(m.tk - m.tq),
+        window(m.window),
+        causal(m.causal),
+        row_shift(m.row_shift) {}
 
   // Kept keys of query i are [key_lo(i), key_hi(i)]; both nondecreasing in i.
   __device__ __forceinline__ int key_lo(int i) const {
@@ -46,9 +52,11 @@ struct MaskPolicy {
 
   // Key blocks of size bn that query rows [m0, m0 + rows) visit; rows
   // outside [0, Tq) visit none (a tile may reach past Tq, and cuda-hopper's
-  // end-aligned causal tiles start before row 0).
+  // end-aligned causal tiles start before row 0). Packed rows (row_shift >
+  // 0, never with rows before 0): the queries of those rows.
   __device__ BlockRange key_blocks(int m0, int rows, int bn) const {
-    const int first = max(m0, 0), last = min(m0 + rows, tq) - 1;
+    const int first = max(m0, 0) >> row_shift;
+    const int last = min((m0 + rows - 1) >> row_shift, tq - 1);
     if (last < first) return {};
     const int lo = key_lo(first), hi = key_hi(last);
     if (hi < lo) return {};
@@ -64,10 +72,13 @@ struct MaskPolicy {
   // True when every (i, j) of the full bm x bn tile at (m0, n0) is kept, so
   // the tile needs no element masking. Tiles that cross Tq or Tk never are,
   // nor tiles with rows before row 0 (cuda-hopper's end-aligned query tiles).
+  // m0 and bm count query rows (packed: queries first, last below).
   __device__ bool fully_kept(int m0, int bm, int n0, int bn) const {
-    if (m0 < 0 || m0 + bm > tq || n0 + bn > tk) return false;
-    if (causal && n0 + bn - 1 > m0 + off) return false;
-    if (window > 0 && n0 < m0 + bm - 1 + off - window + 1) return false;
+    if (m0 < 0) return false;
+    const int first = m0 >> row_shift, last = (m0 + bm - 1) >> row_shift;
+    if (last >= tq || n0 + bn > tk) return false;
+    if (causal && n0 + bn - 1 > first + off) return false;
+    if (window > 0 && n0 < last + off - window + 1) return false;
     return true;
   }
 
@@ -89,9 +100,11 @@ struct MaskPolicy {
         if (kRowsAreKeys) {  // row = key j, columns = queries i
           lo = query_lo(row);
           hi = row < tk ? query_hi(row) : -1;
-        } else {  // row = query i, columns = keys j; rows outside [0, Tq) keep none
-          lo = key_lo(row);
-          hi = unsigned(row) < unsigned(tq) ? key_hi(row) : -1;
+        } else {  // row = query i (packed: i = row >> row_shift), columns = keys j;
+                  // rows outside [0, Tq) keep none
+          const int i = row >> row_shift;
+          lo = key_lo(i);
+          hi = unsigned(i) < unsigned(tq) ? key_hi(i) : -1;
         }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)

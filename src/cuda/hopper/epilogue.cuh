@@ -10,6 +10,9 @@
 //   the copy has read the staging area;
 // - plain: 32-bit stores from registers, two columns each; rows past Tq are
 //   not written.
+// Packed GQA (pack_gqa.hpp): row r of the tile is query r >> row_shift of
+// head tile.h + r % 2^row_shift; the O map's box then spans those heads and
+// 64 >> row_shift queries, one warpgroup's rows in the same order.
 // Checked by tests/gpu/test_hopper_forward.cpp (NaN-poisoned outputs catch
 // unwritten rows, padded strides catch writes outside the tensor; an o
 // stride TMA cannot take runs the plain stores and must give the same bits).
@@ -53,9 +56,20 @@ __device__ __forceinline__ void store_output_staged(const ForwardParams& p, cons
   ptx::fence_proxy_async_shared();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
   if (issuer) {
-    store_staged_tile<kD>(&p.o_map, staging, tile.m0 + wg * kWgmmaM, 0, tile.h, tile.b);
+    store_staged_tile<kD>(&p.o_map, staging, (tile.m0 + wg * kWgmmaM) >> p.mask.row_shift, 0,
+                          tile.h, tile.b);
     ptx::bulk_commit();
   }
+}
+
+// The query and the head of a tile row (packed or not).
+struct RowTarget {
+  int query, head;
+};
+__device__ __forceinline__ RowTarget row_target(const ForwardParams& p, const TileCoord& tile,
+                                                int row) {
+  const int shift = p.mask.row_shift;
+  return {row >> shift, tile.h + (row & ((1 << shift) - 1))};
 }
 
 template <int kD, typename Elem>
@@ -65,12 +79,13 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
   const int row0 = tile.m0 + wg * kWgmmaM + warp * flash::kMmaM + flash::frag_row(lane);
   const int col0 = flash::frag_col(lane);
-  Elem* o = static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch + tile.h * p.o_stride.head;
+  Elem* o = static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = row0 + half * flash::kFragRowHalf;
-    if (row >= tq) continue;
-    Elem* o_row = o + int64_t(row) * p.o_stride.row + col0;
+    const RowTarget at = row_target(p, tile, row0 + half * flash::kFragRowHalf);
+    if (at.query >= tq) continue;
+    Elem* o_row =
+        o + int64_t(at.head) * p.o_stride.head + int64_t(at.query) * p.o_stride.row + col0;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
       *reinterpret_cast<uint32_t*>(o_row + i * 8) =
@@ -95,11 +110,11 @@ __device__ __forceinline__ void store_output(const ForwardParams& p, const TileC
   if (p.lse == nullptr || flash::frag_col(lane) != 0) return;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
   const int row0 = tile.m0 + wg * kWgmmaM + warp * flash::kMmaM + flash::frag_row(lane);
-  float* lse = p.lse + tile.b * p.lse_batch_stride + tile.h * p.lse_head_stride;
+  float* lse = p.lse + tile.b * p.lse_batch_stride;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = row0 + half * flash::kFragRowHalf;
-    if (row < tq) lse[row] = r.lse[half];
+    const RowTarget at = row_target(p, tile, row0 + half * flash::kFragRowHalf);
+    if (at.query < tq) lse[at.head * p.lse_head_stride + at.query] = r.lse[half];
   }
 }
 

@@ -23,6 +23,7 @@
 #include "cuda/hopper/backward_grid_order.hpp"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/launchers.hpp"
+#include "cuda/hopper/pack_gqa.hpp"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/tile_sizes.hpp"
 #include "cuda/hopper/tma_desc.hpp"
@@ -130,13 +131,20 @@ class CudaHopperBackend final : public BackendImpl {
     // The tile launch_forward picks from p.mask and p.score.
     const hopper::ForwardTileDims tile = forward_tile(a.problem);
     hopper::ForwardParams p;
-    p.q_map = hopper::make_tile_map(a.q, tile.block_m, "q");
+    p.mask = flash::mask_args(a.problem);
+    // Packed GQA where a head's queries do not fill a tile: the q and o
+    // boxes then span the 2^shift query heads of a kv head (pack_gqa.hpp).
+    p.mask.row_shift =
+        hopper::pack_gqa_shift(tile.block_m, a.problem.Tq, a.problem.H, a.problem.Hkv);
+    const int heads_per_box = 1 << p.mask.row_shift;
+    p.q_map = hopper::make_tile_map(a.q, tile.block_m / heads_per_box, "q", heads_per_box);
     p.k_map = hopper::make_tile_map(a.k, tile.block_n, "k");
     p.v_map = hopper::make_tile_map(a.v, tile.block_n, "v");
     // o goes by TMA where its alignment allows (why_not_tensor asks TMA's
     // alignment of q, k, v only): the kernel's choice, results identical.
     p.o_by_tma = hopper::why_not_tma(a.o, "o").empty();
-    if (p.o_by_tma) p.o_map = hopper::make_tile_map(a.o, hopper::kWgmmaM, "o");
+    if (p.o_by_tma)
+      p.o_map = hopper::make_tile_map(a.o, hopper::kWgmmaM / heads_per_box, "o", heads_per_box);
     p.o = a.o.data;
     p.o_stride = flash::row_strides(a.o);
     p.lse = static_cast<float*>(a.lse.data);
@@ -145,7 +153,6 @@ class CudaHopperBackend final : public BackendImpl {
     p.B = int(a.problem.B);
     p.H = int(a.problem.H);
     p.Hkv = int(a.problem.Hkv);
-    p.mask = flash::mask_args(a.problem);
     p.score = flash::score_args(a.problem);
     const hopper::ElemType elem =
         a.q.dtype == DType::bf16 ? hopper::ElemType::bf16 : hopper::ElemType::f16;

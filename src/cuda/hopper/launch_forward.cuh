@@ -31,9 +31,12 @@ void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
   constexpr int kSmem = int(forward_smem_bytes<Tile>());
   constexpr int kThreads = forward_threads<Tile>();
   ForwardParams p = params;
-  // why_not refused more than 2^31 - 1 tiles. With clusters H is even, so
-  // the tile count is a multiple of kCluster.
-  p.num_tiles = int(forward_blocks(Tile::kBlockM, p.B, p.H, p.mask.tq));
+  // why_not refused more than 2^31 - 1 tiles (packing only lowers the
+  // count). With clusters H is even, so the tile count is a multiple of
+  // kCluster. Packed (pack_gqa.hpp): tiles of kBlockM packed rows over the
+  // Tq << row_shift rows of each kv head.
+  p.num_tiles = int(
+      forward_blocks(Tile::kBlockM, p.B, tile_heads(p), int64_t(p.mask.tq) << p.mask.row_shift));
   if (p.num_tiles == 0) return;  // no work tile (B, H or Tq is 0)
   auto kernel = forward_kernel<Tile, Elem, kScores, kCluster>;
   GQATTN_CUDA_CHECK(
@@ -74,7 +77,9 @@ template <class Tile, typename Elem, ScoreMode kScores>
 void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
   constexpr bool kSoftcap = flash::has_softcap(kScores);
   if constexpr (multicast_tile<Tile, kSoftcap>()) {
-    if (forward_cluster_ctas<Tile, kSoftcap>(p.H, p.Hkv) == kMulticastCtas) {
+    // A packed tile holds all heads of its kv head: no partner to share
+    // K/V with (tile_heads / Hkv is 1).
+    if (forward_cluster_ctas<Tile, kSoftcap>(tile_heads(p), p.Hkv) == kMulticastCtas) {
       launch_forward_grid<Tile, Elem, kScores, kMulticastCtas>(p, stream);
       return;
     }

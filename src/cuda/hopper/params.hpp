@@ -38,10 +38,19 @@ struct ForwardParams {
   int64_t lse_batch_stride = 0;
   int64_t lse_head_stride = 0;
   int B = 0, H = 0, Hkv = 0;
-  // Work tiles, (query tiles) x B x H (forward_blocks); the launcher sets it.
+  // Work tiles, (query tiles) x B x tile_heads (forward_blocks); the
+  // launcher sets it.
   int num_tiles = 0;
+  // mask.row_shift > 0: packed GQA (pack_gqa.hpp), the q and o maps' boxes
+  // span the 2^row_shift query heads of a kv head.
   MaskArgs mask;
   ScoreArgs score;
 };
+
+// The heads work tiles are dealt over: the query heads, or packed (each
+// tile holding all query heads of one kv head) the kv heads.
+GQATTN_FLASH_HD int tile_heads(const ForwardParams& p) {
+  return p.mask.row_shift > 0 ? p.Hkv : p.H;
+}
 
 }  // namespace gqattn::hopper

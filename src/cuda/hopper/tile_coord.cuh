@@ -15,6 +15,9 @@
 // indices, one unit per cluster, and the CTA of rank r takes index
 // kCluster unit + r: consecutive indices are consecutive query heads of the
 // same query tile and batch, so a unit's tiles visit the same key tiles.
+// Packed GQA (pack_gqa.hpp, MaskArgs::row_shift > 0): a tile's rows are
+// the (query, head) pairs of all query heads of one kv head, so tiles are
+// dealt over (query tile, kv head, batch) and m0 counts packed rows.
 // Checked through tests/gpu/test_hopper_forward.cpp.
 #pragma once
 
@@ -33,8 +36,9 @@ using flash::MaskPolicy;
 struct TileCoord {
   int m0;           // first query row of the tile: negative on the first tile
                     // of a shifted problem (query_tile_shift), a multiple of
-                    // kWgmmaM rows before row 0
-  int b, h, hk;     // batch, query head, kv head (h / (H / Hkv))
+                    // kWgmmaM rows before row 0; packed: first packed row,
+                    // query m0 >> row_shift
+  int b, h, hk;     // batch, query head (packed: the kv head's first), kv head
   BlockRange keys;  // key tiles visited, walked from keys.last down to keys.first
 };
 
@@ -59,11 +63,12 @@ struct TileSchedule {
 
 // The tile order's arguments for problem p on Tile: kv-grouped
 // (Tile::kKvGroupPairs pairs) where every tile visits every key tile, else
-// longest first.
+// longest first. Packed, the "heads" of the order are the kv heads.
 template <class Tile>
 __device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p) {
   const int pairs = kKvGroupedOrder && p.mask.keeps_all_pairs() ? Tile::kKvGroupPairs : 0;
-  return TileOrderArgs{p.B, p.H, p.Hkv, p.num_tiles / (p.B * p.H), pairs};
+  const int heads = tile_heads(p);
+  return TileOrderArgs{p.B, heads, p.Hkv, p.num_tiles / (p.B * heads), pairs};
 }
 
 // How many rows before row 0 the first query tile starts
@@ -73,10 +78,11 @@ __device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p)
 // whole warpgroups (64 rows: a warpgroup has rows either all before row 0
 // or all from row 0 on, the epilogue's unit). 0 without a causal mask
 // (every tile visits the same key tiles) and where Tq is a multiple of
-// kBlockM.
+// kBlockM. Not on packed tiles, whose rows before 0 would not be whole
+// queries of every head.
 template <class Tile>
 __device__ __forceinline__ int query_tile_shift(const MaskPolicy& mask, int num_m) {
-  if (!kEndAlignedCausalTiles || !mask.causal) return 0;
+  if (!kEndAlignedCausalTiles || !mask.causal || mask.row_shift > 0) return 0;
   const int spare_rows = num_m * Tile::kBlockM - mask.tq;  // in [0, kBlockM)
   return spare_rows / kWgmmaM * kWgmmaM;
 }
@@ -89,7 +95,8 @@ __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const Ma
   const TileOrderArgs order = tile_order_args<Tile>(p);
   const TileId id = tile_id(order, index);
   c.b = id.b;
-  c.h = id.h;
+  // Packed: id.h is the kv head, and its first query head is hk << shift.
+  c.h = id.h << p.mask.row_shift;
   c.hk = c.h / (p.H / p.Hkv);
   c.m0 = id.m_block * kBlockM - query_tile_shift<Tile>(mask, order.num_m);
   c.keys = mask.key_blocks(c.m0, kBlockM, kBlockN);

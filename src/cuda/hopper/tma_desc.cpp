@@ -60,7 +60,7 @@ std::string why_not_tma(const TensorRef& t, const char* name) {
   return "";
 }
 
-CUtensorMap make_tile_map(const TensorRef& t, int box_rows, const char* name) {
+CUtensorMap make_tile_map(const TensorRef& t, int box_rows, const char* name, int box_heads) {
   CUtensorMap map{};
   const CUtensorMapDataType type =
       t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -69,7 +69,8 @@ CUtensorMap make_tile_map(const TensorRef& t, int box_rows, const char* name) {
   // Strides of dimensions 1..3 (dimension 0 is contiguous).
   const cuuint64_t strides[kRank - 1] = {stride_bytes(t, kDimHead), stride_bytes(t, kDimT),
                                          stride_bytes(t, kDimB)};
-  const cuuint32_t box[kRank] = {cuuint32_t(kColBlock), 1, cuuint32_t(box_rows), 1};
+  const cuuint32_t box[kRank] = {cuuint32_t(kColBlock), cuuint32_t(box_heads), cuuint32_t(box_rows),
+                                 1};
   const cuuint32_t element_strides[kRank] = {1, 1, 1, 1};
   const CUresult status =
       encoder()(&map, type, kRank, t.data, dims, strides, box, element_strides,

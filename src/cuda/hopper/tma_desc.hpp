@@ -19,8 +19,10 @@ namespace gqattn::hopper {
 std::string why_not_tma(const TensorRef& t, const char* name);
 
 // The map of `t` over dimensions (d, heads, T, B), innermost first, with
-// boxes of 64 columns x 1 head x `box_rows` rows x 1 batch, 128-byte swizzle,
-// zeros out of bounds. Throws gqattn::Error if the driver refuses.
-CUtensorMap make_tile_map(const TensorRef& t, int box_rows, const char* name);
+// boxes of 64 columns x `box_heads` heads x `box_rows` rows x 1 batch,
+// 128-byte swizzle, zeros out of bounds. A box lands in shared memory as
+// box_rows x box_heads rows of 64 columns, the heads of a row innermost
+// (packed GQA, pack_gqa.hpp). Throws gqattn::Error if the driver refuses.
+CUtensorMap make_tile_map(const TensorRef& t, int box_rows, const char* name, int box_heads = 1);
 
 }  // namespace gqattn::hopper
