@@ -27,15 +27,9 @@ struct BlockRange {
 struct MaskPolicy {
   int tq, tk, off, window;
   bool causal;
-  int row_shift;  // a query row r of a tile is query r >> row_shift (MaskArgs)
 
   __device__ explicit MaskPolicy(const MaskArgs& m)
-      : tq(m.tq),
-        tk(m.tk),
-        off(m.tk - m.tq),
-        window(m.window),
-        causal(m.causal),
-        row_shift(m.row_shift) {}
+      : tq(m.tq), tk(m.tk), off(m.tk - m.tq), window(m.window), causal(m.causal) {}
 
   // Kept keys of query i are [key_lo(i), key_hi(i)]; both nondecreasing in i.
   __device__ __forceinline__ int key_lo(int i) const {
@@ -52,9 +46,10 @@ struct MaskPolicy {
 
   // Key blocks of size bn that query rows [m0, m0 + rows) visit; rows
   // outside [0, Tq) visit none (a tile may reach past Tq, and cuda-hopper's
-  // end-aligned causal tiles start before row 0). Packed rows (row_shift >
-  // 0, never with rows before 0): the queries of those rows.
-  __device__ BlockRange key_blocks(int m0, int rows, int bn) const {
+  // end-aligned causal tiles start before row 0). row_shift > 0:
+  // cuda-hopper's packed GQA rows, row r holding query r >> row_shift
+  // (hopper/pack_gqa.hpp; m0 >= 0 there).
+  __device__ BlockRange key_blocks(int m0, int rows, int bn, int row_shift = 0) const {
     const int first = max(m0, 0) >> row_shift;
     const int last = min((m0 + rows - 1) >> row_shift, tq - 1);
     if (last < first) return {};
@@ -72,11 +67,17 @@ struct MaskPolicy {
   // True when every (i, j) of the full bm x bn tile at (m0, n0) is kept, so
   // the tile needs no element masking. Tiles that cross Tq or Tk never are,
   // nor tiles with rows before row 0 (cuda-hopper's end-aligned query tiles).
-  // m0 and bm count query rows (packed: queries first, last below).
   __device__ bool fully_kept(int m0, int bm, int n0, int bn) const {
-    if (m0 < 0) return false;
-    const int first = m0 >> row_shift, last = (m0 + bm - 1) >> row_shift;
-    if (last >= tq || n0 + bn > tk) return false;
+    if (m0 < 0 || m0 + bm > tq || n0 + bn > tk) return false;
+    if (causal && n0 + bn - 1 > m0 + off) return false;
+    if (window > 0 && n0 < m0 + bm - 1 + off - window + 1) return false;
+    return true;
+  }
+  // The same for the queries [first, last] (first < 0: rows before row 0),
+  // whatever rows hold them (cuda-hopper's packed GQA rows: the caller
+  // shifts its rows once per tile, outside the key loop).
+  __device__ bool queries_fully_kept(int first, int last, int n0, int bn) const {
+    if (first < 0 || last >= tq || n0 + bn > tk) return false;
     if (causal && n0 + bn - 1 > first + off) return false;
     if (window > 0 && n0 < last + off - window + 1) return false;
     return true;
@@ -86,10 +87,11 @@ struct MaskPolicy {
   // on scores before the softmax, 0 on probabilities in the backward).
   // acc[mt][nt] is the C fragment of rows row0 + 16 mt.., columns col0 + 8 nt..
   // kRowsAreKeys: rows index keys and columns queries (the transposed S^T of
-  // the dK/dV kernel); otherwise rows are queries.
+  // the dK/dV kernel); otherwise rows are queries, row r query r >>
+  // row_shift (> 0: cuda-hopper's packed GQA rows, hopper/pack_gqa.hpp).
   template <bool kRowsAreKeys, int kMT, int kNT>
   __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int row0, int col0, int lane,
-                                        float fill) const {
+                                        float fill, int row_shift = 0) const {
     // Branch-free: per row the kept columns are one interval [lo, hi].
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -100,8 +102,7 @@ struct MaskPolicy {
         if (kRowsAreKeys) {  // row = key j, columns = queries i
           lo = query_lo(row);
           hi = row < tk ? query_hi(row) : -1;
-        } else {  // row = query i (packed: i = row >> row_shift), columns = keys j;
-                  // rows outside [0, Tq) keep none
+        } else {  // row = query i, columns = keys j; rows outside [0, Tq) keep none
           const int i = row >> row_shift;
           lo = key_lo(i);
           hi = unsigned(i) < unsigned(tq) ? key_hi(i) : -1;

@@ -27,12 +27,6 @@ struct MaskArgs {
   int tk = 0;
   int window = 0;
   bool causal = false;
-  // Rows of a query tile per query, as a shift: row r holds query r >>
-  // row_shift. 0 everywhere but cuda-hopper's packed GQA forward
-  // (hopper/pack_gqa.hpp), whose rows are (query, head) pairs of one kv
-  // head's 2^row_shift query heads. Only MaskPolicy's query-row functions
-  // (key_blocks, fully_kept, apply with query rows) read it.
-  int row_shift = 0;
 
   // Every query sees every key (neither mask): all rows, hence all work
   // tiles, are equally long.

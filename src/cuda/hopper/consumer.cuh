@@ -195,6 +195,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
   const int wg_row0 = tile.m0 + wg * kWgmmaM;  // first query row of this warpgroup
   const int warp_row0 = wg_row0 + warp * flash::kMmaM;
+  // The warpgroup's queries (packed GQA, pack_gqa.hpp: its rows' queries),
+  // shifted here once rather than per key tile.
+  const int wg_query0 = wg_row0 >> p.pack_shift;
+  const int wg_query1 = (wg_row0 + kWgmmaM - 1) >> p.pack_shift;
   const uint32_t q_tile = smem + L::kQ + uint32_t(wg) * kWgmmaM * kSwizzleBytes;
 
   // Slot addresses and barrier parity of this tile's visit `it` (the CTA's
@@ -292,8 +296,8 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
       else
         flash::apply_softcap(s, p.score.pre);
     }
-    if (!mask.fully_kept(wg_row0, kWgmmaM, n0, kBN))
-      mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY);
+    if (!mask.queries_fully_kept(wg_query0, wg_query1, n0, kBN))
+      mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY, p.pack_shift);
     if constexpr (kRowMax) {
       return sm.template scores_to_p<kLazyRescale, kFmaExp2Quarters, Elem>(s, alpha);
     } else {

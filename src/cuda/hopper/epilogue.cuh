@@ -10,9 +10,9 @@
 //   the copy has read the staging area;
 // - plain: 32-bit stores from registers, two columns each; rows past Tq are
 //   not written.
-// Packed GQA (pack_gqa.hpp): row r of the tile is query r >> row_shift of
-// head tile.h + r % 2^row_shift; the O map's box then spans those heads and
-// 64 >> row_shift queries, one warpgroup's rows in the same order.
+// Packed GQA (pack_gqa.hpp): row r of the tile is query r >> pack_shift of
+// head tile.h + r % 2^pack_shift; the O map's box then spans those heads and
+// 64 >> pack_shift queries, one warpgroup's rows in the same order.
 // Checked by tests/gpu/test_hopper_forward.cpp (NaN-poisoned outputs catch
 // unwritten rows, padded strides catch writes outside the tensor; an o
 // stride TMA cannot take runs the plain stores and must give the same bits).
@@ -56,8 +56,8 @@ __device__ __forceinline__ void store_output_staged(const ForwardParams& p, cons
   ptx::fence_proxy_async_shared();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
   if (issuer) {
-    store_staged_tile<kD>(&p.o_map, staging, (tile.m0 + wg * kWgmmaM) >> p.mask.row_shift, 0,
-                          tile.h, tile.b);
+    store_staged_tile<kD>(&p.o_map, staging, (tile.m0 + wg * kWgmmaM) >> p.pack_shift, 0, tile.h,
+                          tile.b);
     ptx::bulk_commit();
   }
 }
@@ -68,7 +68,7 @@ struct RowTarget {
 };
 __device__ __forceinline__ RowTarget row_target(const ForwardParams& p, const TileCoord& tile,
                                                 int row) {
-  const int shift = p.mask.row_shift;
+  const int shift = p.pack_shift;
   return {row >> shift, tile.h + (row & ((1 << shift) - 1))};
 }
 

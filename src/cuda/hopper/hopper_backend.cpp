@@ -134,9 +134,8 @@ class CudaHopperBackend final : public BackendImpl {
     p.mask = flash::mask_args(a.problem);
     // Packed GQA where a head's queries do not fill a tile: the q and o
     // boxes then span the 2^shift query heads of a kv head (pack_gqa.hpp).
-    p.mask.row_shift =
-        hopper::pack_gqa_shift(tile.block_m, a.problem.Tq, a.problem.H, a.problem.Hkv);
-    const int heads_per_box = 1 << p.mask.row_shift;
+    p.pack_shift = hopper::pack_gqa_shift(tile.block_m, a.problem.Tq, a.problem.H, a.problem.Hkv);
+    const int heads_per_box = 1 << p.pack_shift;
     p.q_map = hopper::make_tile_map(a.q, tile.block_m / heads_per_box, "q", heads_per_box);
     p.k_map = hopper::make_tile_map(a.k, tile.block_n, "k");
     p.v_map = hopper::make_tile_map(a.v, tile.block_n, "v");

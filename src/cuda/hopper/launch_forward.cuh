@@ -34,9 +34,9 @@ void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
   // why_not refused more than 2^31 - 1 tiles (packing only lowers the
   // count). With clusters H is even, so the tile count is a multiple of
   // kCluster. Packed (pack_gqa.hpp): tiles of kBlockM packed rows over the
-  // Tq << row_shift rows of each kv head.
-  p.num_tiles = int(
-      forward_blocks(Tile::kBlockM, p.B, tile_heads(p), int64_t(p.mask.tq) << p.mask.row_shift));
+  // Tq << pack_shift rows of each kv head.
+  p.num_tiles =
+      int(forward_blocks(Tile::kBlockM, p.B, tile_heads(p), int64_t(p.mask.tq) << p.pack_shift));
   if (p.num_tiles == 0) return;  // no work tile (B, H or Tq is 0)
   auto kernel = forward_kernel<Tile, Elem, kScores, kCluster>;
   GQATTN_CUDA_CHECK(

@@ -3,13 +3,15 @@
 // work tile are (query, head) pairs of all G = H / Hkv query heads of one
 // kv head, row r = (i - i0) G + g for query i and head hk G + g, so each K/V
 // tile the CTA loads serves G heads and the tile's rows are not mostly
-// padding. The mask (flash::MaskArgs::row_shift) maps a row to its query
-// as r >> log2 G; the Q map's box is 64 columns x G heads x kBlockM / G
-// queries and lands in shared memory as exactly that row order, and the O
-// map's box is 64 columns x G heads x 64 / G queries, one warpgroup's rows
-// (hopper_backend.cpp); the plain O stores and lse take the head and query
-// of each row (epilogue.cuh). Plain C++: the host decides, the kernel reads
-// the shift from its parameters. Checked by tests/cpu/test_hopper_pack_gqa.cpp
+// padding. ForwardParams::pack_shift is log2 G: the mask policy's
+// key_blocks and apply take it to map a row to its query (r >> pack_shift),
+// and the consumers shift their rows' query range once per tile
+// (queries_fully_kept). The Q map's box is 64 columns x G heads x kBlockM / G
+// queries and lands in shared memory in exactly that row order; the O map's
+// box is 64 columns x G heads x 64 / G queries, one warpgroup's rows
+// (hopper_backend.cpp); the plain O stores and lse take each row's head and
+// query (epilogue.cuh). Plain C++: the host decides, the kernels read the
+// shift from their parameters. Checked by tests/cpu/test_hopper_pack_gqa.cpp
 // (the rule) and tests/gpu/test_hopper_forward.cpp (the packed cases
 // against the f64 oracle).
 #pragma once

@@ -41,16 +41,16 @@ struct ForwardParams {
   // Work tiles, (query tiles) x B x tile_heads (forward_blocks); the
   // launcher sets it.
   int num_tiles = 0;
-  // mask.row_shift > 0: packed GQA (pack_gqa.hpp), the q and o maps' boxes
-  // span the 2^row_shift query heads of a kv head.
   MaskArgs mask;
   ScoreArgs score;
+  // > 0: packed GQA (pack_gqa.hpp): row r of a tile is query r >>
+  // pack_shift of head tile.h + r % 2^pack_shift, and the q and o maps'
+  // boxes span the 2^pack_shift query heads of a kv head.
+  int pack_shift = 0;
 };
 
 // The heads work tiles are dealt over: the query heads, or packed (each
 // tile holding all query heads of one kv head) the kv heads.
-GQATTN_FLASH_HD int tile_heads(const ForwardParams& p) {
-  return p.mask.row_shift > 0 ? p.Hkv : p.H;
-}
+GQATTN_FLASH_HD int tile_heads(const ForwardParams& p) { return p.pack_shift > 0 ? p.Hkv : p.H; }
 
 }  // namespace gqattn::hopper

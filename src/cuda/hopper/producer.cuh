@@ -85,10 +85,10 @@ __device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy
     if (t > 0) ptx::mbar_wait(smem + L::kQEmpty, uint32_t(t - 1) & 1u);
     ptx::mbar_arrive_expect_tx(smem + L::kQFull, L::kQBytes);
     // Packed (pack_gqa.hpp), the box spans the kv head's query heads from
-    // tile.h and kBlockM >> row_shift queries: its rows land in the packed
+    // tile.h and kBlockM >> pack_shift queries: its rows land in the packed
     // order.
-    load_tile<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull,
-                                 tile.m0 >> p.mask.row_shift, tile.h, tile.b);
+    load_tile<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, tile.m0 >> p.pack_shift,
+                                 tile.h, tile.b);
 
     for (int n_block = tile.keys.last; n_block >= tile.keys.first; --n_block, ++it) {
       const int stage = it % kStages;

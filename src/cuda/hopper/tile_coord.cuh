@@ -15,7 +15,7 @@
 // indices, one unit per cluster, and the CTA of rank r takes index
 // kCluster unit + r: consecutive indices are consecutive query heads of the
 // same query tile and batch, so a unit's tiles visit the same key tiles.
-// Packed GQA (pack_gqa.hpp, MaskArgs::row_shift > 0): a tile's rows are
+// Packed GQA (pack_gqa.hpp, ForwardParams::pack_shift > 0): a tile's rows are
 // the (query, head) pairs of all query heads of one kv head, so tiles are
 // dealt over (query tile, kv head, batch) and m0 counts packed rows.
 // Checked through tests/gpu/test_hopper_forward.cpp.
@@ -37,7 +37,7 @@ struct TileCoord {
   int m0;           // first query row of the tile: negative on the first tile
                     // of a shifted problem (query_tile_shift), a multiple of
                     // kWgmmaM rows before row 0; packed: first packed row,
-                    // query m0 >> row_shift
+                    // query m0 >> pack_shift
   int b, h, hk;     // batch, query head (packed: the kv head's first), kv head
   BlockRange keys;  // key tiles visited, walked from keys.last down to keys.first
 };
@@ -78,11 +78,11 @@ __device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p)
 // whole warpgroups (64 rows: a warpgroup has rows either all before row 0
 // or all from row 0 on, the epilogue's unit). 0 without a causal mask
 // (every tile visits the same key tiles) and where Tq is a multiple of
-// kBlockM. Not on packed tiles, whose rows before 0 would not be whole
-// queries of every head.
+// kBlockM. Not on packed tiles (tile_coord), whose rows before 0 would not
+// be whole queries of every head.
 template <class Tile>
 __device__ __forceinline__ int query_tile_shift(const MaskPolicy& mask, int num_m) {
-  if (!kEndAlignedCausalTiles || !mask.causal || mask.row_shift > 0) return 0;
+  if (!kEndAlignedCausalTiles || !mask.causal) return 0;
   const int spare_rows = num_m * Tile::kBlockM - mask.tq;  // in [0, kBlockM)
   return spare_rows / kWgmmaM * kWgmmaM;
 }
@@ -96,10 +96,10 @@ __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const Ma
   const TileId id = tile_id(order, index);
   c.b = id.b;
   // Packed: id.h is the kv head, and its first query head is hk << shift.
-  c.h = id.h << p.mask.row_shift;
+  c.h = id.h << p.pack_shift;
   c.hk = c.h / (p.H / p.Hkv);
-  c.m0 = id.m_block * kBlockM - query_tile_shift<Tile>(mask, order.num_m);
-  c.keys = mask.key_blocks(c.m0, kBlockM, kBlockN);
+  c.m0 = id.m_block * kBlockM - (p.pack_shift > 0 ? 0 : query_tile_shift<Tile>(mask, order.num_m));
+  c.keys = mask.key_blocks(c.m0, kBlockM, kBlockN, p.pack_shift);
   return c;
 }
 
