@@ -13,6 +13,7 @@
 // Packed GQA (pack_gqa.hpp): row r of the tile is query r >> pack_shift of
 // head tile.h + r % 2^pack_shift; the O map's box then spans those heads and
 // 64 >> pack_shift queries, one warpgroup's rows in the same order.
+// Split-KV (split_kv.hpp): f32 partials instead (store_split_partial).
 // Checked by tests/gpu/test_hopper_forward.cpp (NaN-poisoned outputs catch
 // unwritten rows, padded strides catch writes outside the tensor; an o
 // stride TMA cannot take runs the plain stores and must give the same bits).
@@ -93,6 +94,33 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
   }
 }
 
+// Split-KV (split_kv.hpp): the task's rows, normalised over its range of
+// key tiles, as f32 O and lse into the workspace partials (ForwardParams
+// o_part, lse_part) that forward_combine.cuh merges into o and lse. A row
+// with no kept key in the range has O 0 and lse -inf (the softmax's
+// finalize), so it weighs nothing there.
+template <int kD>
+__device__ __forceinline__ void store_split_partial(const ForwardParams& p, const TileCoord& tile,
+                                                    int tq, int wg, const ConsumerResult<kD>& r) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
+  const int row0 = tile.m0 + wg * kWgmmaM + warp * flash::kMmaM + flash::frag_row(lane);
+  const int col0 = flash::frag_col(lane);  // even: 8-byte aligned pairs
+  const int64_t split_rows = int64_t(p.B) * p.H * tq;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const RowTarget at = row_target(p, tile, row0 + half * flash::kFragRowHalf);
+    if (at.query >= tq) continue;
+    const int64_t row = tile.split * split_rows + (int64_t(tile.b) * p.H + at.head) * tq + at.query;
+    float* o = p.o_part + row * kD + col0;
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i)
+      *reinterpret_cast<float2*>(o + i * 8) =
+          make_float2(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
+    if (col0 == 0) p.lse_part[row] = r.lse[half];
+  }
+}
+
 template <class Tile, typename Elem>
 __device__ __forceinline__ void store_output(const ForwardParams& p, const TileCoord& tile, int tq,
                                              int wg, const ConsumerResult<Tile::kD>& r,
@@ -101,6 +129,10 @@ __device__ __forceinline__ void store_output(const ForwardParams& p, const TileC
   // end-aligned causal problem, tile_coord.cuh query_tile_shift) has nothing
   // to store; no warpgroup has only some of its rows there.
   if (tile.m0 + wg * kWgmmaM < 0) return;
+  if (p.num_splits > 1) {
+    store_split_partial<Tile::kD>(p, tile, tq, wg, r);
+    return;
+  }
   if (stages_output<Tile>() && p.o_by_tma)
     store_output_staged<Tile, Elem>(p, tile, wg, r, smem);
   else

@@ -25,6 +25,7 @@
 #include "cuda/hopper/launchers.hpp"
 #include "cuda/hopper/pack_gqa.hpp"
 #include "cuda/hopper/params.hpp"
+#include "cuda/hopper/split_kv.hpp"
 #include "cuda/hopper/tile_sizes.hpp"
 #include "cuda/hopper/tma_desc.hpp"
 #include "gqattn/dtype.hpp"
@@ -153,6 +154,28 @@ class CudaHopperBackend final : public BackendImpl {
     p.H = int(a.problem.H);
     p.Hkv = int(a.problem.Hkv);
     p.score = flash::score_args(a.problem);
+
+    // Split-KV where the work tiles would leave most SMs idle (split_kv.hpp):
+    // the tasks' f32 partials, [splits][B][H][Tq] x (d + 1) floats, live in
+    // a workspace on the caller's stream (freed there after the combine).
+    const int64_t work_tiles = hopper::forward_blocks(
+        tile.block_m, a.problem.B, hopper::tile_heads(p), a.problem.Tq << p.pack_shift);
+    const int64_t key_tiles = (a.problem.Tk + tile.block_n - 1) / tile.block_n;
+    p.num_splits = hopper::split_kv_count(work_tiles, key_tiles,
+                                          cuda::current_device_properties().multiprocessors);
+    if (work_tiles * p.num_splits > kMaxGridX)
+      throw Error("GQATTN_HOPPER_SPLIT_KV", "not supported: " + std::to_string(p.num_splits) +
+                                                " splits of " + std::to_string(work_tiles) +
+                                                " work tiles exceed 2^31-1 tasks");
+    const auto stream = static_cast<cudaStream_t>(a.options.stream);
+    const std::size_t split_rows =
+        p.num_splits > 1 ? std::size_t(p.num_splits * a.problem.B * a.problem.H * a.problem.Tq) : 0;
+    const cuda::StreamWorkspace workspace(split_rows * std::size_t(d + 1) * sizeof(float), stream);
+    if (split_rows > 0) {
+      p.o_part = workspace.floats();
+      p.lse_part = p.o_part + split_rows * std::size_t(d);
+    }
+
     const hopper::ElemType elem =
         a.q.dtype == DType::bf16 ? hopper::ElemType::bf16 : hopper::ElemType::f16;
     switch (d) {

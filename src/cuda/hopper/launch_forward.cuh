@@ -9,7 +9,9 @@
 // multicast (forward_cluster_ctas() 2) the CTAs come in clusters of two, as
 // many as can be resident at once. Instantiated per head dimension by
 // launch_forward_d*.cu. The host side (hopper_backend.cpp) built the Q and
-// K/V maps with the same tile's box rows.
+// K/V maps with the same tile's box rows. Split-KV (p.num_splits > 1,
+// split_kv.hpp): num_splits tasks per work tile, never in clusters, then
+// forward_combine_kernel merges their partials into o and lse.
 // Checked through tests/gpu/test_hopper_forward.cpp.
 #pragma once
 
@@ -19,6 +21,7 @@
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
+#include "cuda/hopper/forward_combine.cuh"
 #include "cuda/hopper/forward_kernel.cuh"
 #include "cuda/hopper/launchers.hpp"
 #include "gqattn/error.hpp"
@@ -36,7 +39,8 @@ void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
   // kCluster. Packed (pack_gqa.hpp): tiles of kBlockM packed rows over the
   // Tq << pack_shift rows of each kv head.
   p.num_tiles =
-      int(forward_blocks(Tile::kBlockM, p.B, tile_heads(p), int64_t(p.mask.tq) << p.pack_shift));
+      int(forward_blocks(Tile::kBlockM, p.B, tile_heads(p), int64_t(p.mask.tq) << p.pack_shift)) *
+      p.num_splits;
   if (p.num_tiles == 0) return;  // no work tile (B, H or Tq is 0)
   auto kernel = forward_kernel<Tile, Elem, kScores, kCluster>;
   GQATTN_CUDA_CHECK(
@@ -71,6 +75,10 @@ void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
     GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
   }
   cuda::check_launch("cuda-hopper forward_kernel");
+  if (p.num_splits > 1) {
+    forward_combine_kernel<Tile::kD, Elem><<<combine_blocks(p), kCombineThreads, 0, stream>>>(p);
+    cuda::check_launch("cuda-hopper forward_combine_kernel");
+  }
 }
 
 template <class Tile, typename Elem, ScoreMode kScores>
@@ -78,8 +86,10 @@ void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
   constexpr bool kSoftcap = flash::has_softcap(kScores);
   if constexpr (multicast_tile<Tile, kSoftcap>()) {
     // A packed tile holds all heads of its kv head: no partner to share
-    // K/V with (tile_heads / Hkv is 1).
-    if (forward_cluster_ctas<Tile, kSoftcap>(tile_heads(p), p.Hkv) == kMulticastCtas) {
+    // K/V with (tile_heads / Hkv is 1). Split-KV tasks are dealt split by
+    // split, not in pairs of heads: no clusters either.
+    if (p.num_splits == 1 &&
+        forward_cluster_ctas<Tile, kSoftcap>(tile_heads(p), p.Hkv) == kMulticastCtas) {
       launch_forward_grid<Tile, Elem, kScores, kMulticastCtas>(p, stream);
       return;
     }

@@ -38,9 +38,16 @@ struct ForwardParams {
   int64_t lse_batch_stride = 0;
   int64_t lse_head_stride = 0;
   int B = 0, H = 0, Hkv = 0;
-  // Work tiles, (query tiles) x B x tile_heads (forward_blocks); the
-  // launcher sets it.
+  // Tasks of the grid: work tiles, (query tiles) x B x tile_heads
+  // (forward_blocks), times num_splits; the launcher sets it.
   int num_tiles = 0;
+  // > 1: split-KV (split_kv.hpp): each work tile's key tiles in num_splits
+  // ranges, task index = tile index * num_splits + split; the tasks write
+  // f32 partials, [split][B][H][Tq][d] at o_part and [split][B][H][Tq] at
+  // lse_part (workspace), which forward_combine.cuh merges into o and lse.
+  int num_splits = 1;
+  float* o_part = nullptr;
+  float* lse_part = nullptr;
   MaskArgs mask;
   ScoreArgs score;
   // > 0: packed GQA (pack_gqa.hpp): row r of a tile is query r >>

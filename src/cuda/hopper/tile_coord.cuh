@@ -15,6 +15,8 @@
 // indices, one unit per cluster, and the CTA of rank r takes index
 // kCluster unit + r: consecutive indices are consecutive query heads of the
 // same query tile and batch, so a unit's tiles visit the same key tiles.
+// Split-KV (split_kv.hpp, ForwardParams::num_splits > 1): each work tile is
+// num_splits consecutive tasks, each visiting one range of its key tiles.
 // Packed GQA (pack_gqa.hpp, ForwardParams::pack_shift > 0): a tile's rows are
 // the (query, head) pairs of all query heads of one kv head, so tiles are
 // dealt over (query tile, kv head, batch) and m0 counts packed rows.
@@ -25,6 +27,7 @@
 
 #include "cuda/flash/mask.cuh"
 #include "cuda/hopper/params.hpp"
+#include "cuda/hopper/split_kv.hpp"
 #include "cuda/hopper/tile_order.hpp"
 #include "cuda/hopper/tile_sizes.hpp"
 
@@ -39,6 +42,7 @@ struct TileCoord {
                     // kWgmmaM rows before row 0; packed: first packed row,
                     // query m0 >> pack_shift
   int b, h, hk;     // batch, query head (packed: the kv head's first), kv head
+  int split;        // split-KV (split_kv.hpp): which range of the tile's key tiles
   BlockRange keys;  // key tiles visited, walked from keys.last down to keys.first
 };
 
@@ -68,7 +72,7 @@ template <class Tile>
 __device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p) {
   const int pairs = kKvGroupedOrder && p.mask.keeps_all_pairs() ? Tile::kKvGroupPairs : 0;
   const int heads = tile_heads(p);
-  return TileOrderArgs{p.B, heads, p.Hkv, p.num_tiles / (p.B * heads), pairs};
+  return TileOrderArgs{p.B, heads, p.Hkv, p.num_tiles / p.num_splits / (p.B * heads), pairs};
 }
 
 // How many rows before row 0 the first query tile starts
@@ -87,19 +91,27 @@ __device__ __forceinline__ int query_tile_shift(const MaskPolicy& mask, int num_
   return spare_rows / kWgmmaM * kWgmmaM;
 }
 
+// The task of index `index`: work tile index / num_splits, its split
+// index % num_splits (the splits of a tile are consecutive tasks, so they
+// run side by side).
 template <class Tile>
 __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const MaskPolicy& mask,
                                                 int index) {
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
   TileCoord c;
   const TileOrderArgs order = tile_order_args<Tile>(p);
-  const TileId id = tile_id(order, index);
+  c.split = index % p.num_splits;
+  const TileId id = tile_id(order, index / p.num_splits);
   c.b = id.b;
   // Packed: id.h is the kv head, and its first query head is hk << shift.
   c.h = id.h << p.pack_shift;
   c.hk = c.h / (p.H / p.Hkv);
   c.m0 = id.m_block * kBlockM - (p.pack_shift > 0 ? 0 : query_tile_shift<Tile>(mask, order.num_m));
   c.keys = mask.key_blocks(c.m0, kBlockM, kBlockN, p.pack_shift);
+  if (p.num_splits > 1) {
+    const KeyTileRange r = split_key_tiles(c.keys.first, c.keys.last, c.split, p.num_splits);
+    c.keys = BlockRange{r.first, r.last};
+  }
   return c;
 }
 
