@@ -9,7 +9,8 @@ SDPA's is_causal aligns Tq != Tk at the top left where gqattn aligns at the
 bottom right (DESIGN §1), and for Tq = 1 the two are the same as none. The
 torch backends are spot-checked against an f32 reference first, as in
 side_by_side.py. These shapes are where cuda-hopper packs the query heads of
-a kv head into one tile (src/cuda/hopper/pack_gqa.hpp). Writes
+a kv head into one tile (src/cuda/hopper/pack_gqa.hpp) and splits each
+tile's keys over several CTAs (src/cuda/hopper/split_kv.hpp). Writes
 $OUT/short_query.json (or --out DIR) and prints one table. Checked by
 running it on the GPU machine.
 
