@@ -26,8 +26,6 @@
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/backward_tile_sizes.hpp"
-#include "cuda/hopper/ptx/cluster.cuh"
-#include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
 #include "cuda/hopper/softcap.cuh"
@@ -89,53 +87,6 @@ __device__ __forceinline__ void load_rows(uint32_t dst, const CUtensorMap* map, 
     for (int r = 0; r < kRows / kBox; ++r)
       ptx::tma_load_4d(dst + c * kBlockBytes + r * kBoxBytes, map, bar, c * kColBlock, head,
                        row0 + r * kBox, batch);
-}
-
-// Q / dO multicast (backward_multicast.hpp): this CTA's share of the rows
-// load_rows copies, column blocks [rank n, rank n + n) with n = d / 64 /
-// kCluster, delivered to the same offset `dst` in every CTA of the cluster
-// and completing on the mbarrier at offset `bar` in each; the other CTAs
-// copy the other column blocks, so each CTA's barrier still receives the
-// whole tile's bytes.
-template <int kD, int kRows, int kCluster, int kBox = kBoxRows>
-__device__ __forceinline__ void load_rows_multicast(uint32_t dst, const CUtensorMap* map,
-                                                    uint32_t bar, int row0, int head, int batch,
-                                                    uint32_t rank) {
-  static_assert(kRows % kBox == 0, "tiles are whole boxes");
-  static_assert((kD / kColBlock) % kCluster == 0, "the column blocks split evenly");
-  constexpr int kShare = kD / kColBlock / kCluster;
-  constexpr uint16_t kAllCtas = uint16_t((1u << kCluster) - 1);
-  constexpr uint32_t kBlockBytes = uint32_t(kRows) * kSwizzleBytes;
-  constexpr uint32_t kBoxBytes = uint32_t(kBox) * kSwizzleBytes;
-#pragma unroll
-  for (int i = 0; i < kShare; ++i) {
-    const int c = int(rank) * kShare + i;
-#pragma unroll
-    for (int r = 0; r < kRows / kBox; ++r)
-      ptx::tma_load_4d_multicast(dst + c * kBlockBytes + r * kBoxBytes, map, bar, kAllCtas,
-                                 c * kColBlock, head, row0 + r * kBox, batch);
-  }
-}
-
-// Releases ring slot `bar` (its empty barrier, offset in this CTA) after
-// step t, once per consumer warp. In a cluster (Q / dO multicast) every
-// slot's empty barrier counts the consumer warps of all kCluster CTAs: on
-// a shared step (both CTAs' producers copy into the slot) the warp arrives
-// on the barrier in every CTA; on any other step only this CTA's producer
-// copies into it, and the warp arrives kCluster times on its own.
-template <int kCluster>
-__device__ __forceinline__ void release_slot(uint32_t bar, bool shared_step, int lane) {
-  __syncwarp();
-  if (lane != 0) return;
-  if constexpr (kCluster == 1) {
-    ptx::mbar_arrive(bar);
-  } else if (shared_step) {
-#pragma unroll
-    for (uint32_t r = 0; r < uint32_t(kCluster); ++r)
-      ptx::mbar_arrive_cluster(ptx::map_shared_rank(bar, r));
-  } else {
-    ptx::mbar_arrive_count(bar, uint32_t(kCluster));
-  }
 }
 
 // Stores a consumer warp's 16 accumulator rows (times `mult`) to `out` +

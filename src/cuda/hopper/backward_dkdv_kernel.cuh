@@ -30,10 +30,6 @@
 //     (which then goes on without waiting: dkdv_finish_step_dq_by_turns);
 //   then dK *= scale and the stores of the rows < Tk (by TMA from a staging
 //   area over the ring, backward_epilogue.cuh, or plain).
-// Q / dO multicast (d 128, kBwdMulticastQdo, backward_multicast.hpp): the
-// grid runs in clusters of two CTAs on neighbouring key tiles; on the steps
-// both walks share, each producer copies one column block of Q and dO into
-// both CTAs, and the consumers release a slot in both.
 //
 // Barriers (DkdvSmem): kv_full (count 1, phase 0 only); per slot s full[s]
 // (count 1: the producer's arrive.expect_tx of Q + dO + lse2 + D bytes) and
@@ -72,7 +68,6 @@
 #include "cuda/hopper/backward_split_exchange.cuh"
 #include "cuda/hopper/ptx/bulk_copy.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
-#include "cuda/hopper/ptx/cluster.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
@@ -81,13 +76,8 @@
 
 namespace gqattn::hopper::bwd {
 
-// Run by exactly one thread of the CTA. In a cluster (Q / dO multicast) the
-// steps t < w.multicast_steps are the other CTA's steps too: this CTA copies
-// its share of their Q and dO column blocks into both CTAs (the other CTA
-// the rest), after its own empty barrier, which counts both CTAs' consumer
-// warps, has seen the slot released in both. lse2 and D are copied by each
-// CTA for itself; so are Q and dO of the steps only this CTA takes.
-template <int kD, bool kFusedDq, int kCluster>
+// Run by exactly one thread of the CTA.
+template <int kD, bool kFusedDq>
 __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const DkdvWork& w,
                                              uint32_t smem) {
   using Tile = DkdvTile<kD>;
@@ -98,7 +88,6 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
   ptx::tma_prefetch(&p.k_map);
   ptx::tma_prefetch(&p.v_map);
   ptx::tma_prefetch(&p.do_map);
-  [[maybe_unused]] const uint32_t rank = kCluster > 1 ? ptx::cluster_ctarank() : 0u;
 
   ptx::mbar_arrive_expect_tx(smem + L::kKVFull, 2 * L::kKVBytes);
   constexpr int kBox = kv_box_rows(kD);
@@ -113,15 +102,8 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
     const int m0 = w.m0(t, kBM);
     ptx::mbar_wait(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes, parity ^ 1u);
     ptx::mbar_arrive_expect_tx(full, L::kStageTxBytes);
-    const uint32_t q_slot = smem + L::kQ + uint32_t(stage) * L::kQBytes;
-    const uint32_t do_slot = smem + L::kDo + uint32_t(stage) * L::kQBytes;
-    if (kCluster > 1 && t < w.multicast_steps) {
-      load_rows_multicast<kD, kBM, kCluster>(q_slot, &p.q_map, full, m0, h, w.b, rank);
-      load_rows_multicast<kD, kBM, kCluster>(do_slot, &p.do_map, full, m0, h, w.b, rank);
-    } else {
-      load_rows<kD, kBM>(q_slot, &p.q_map, full, m0, h, w.b);
-      load_rows<kD, kBM>(do_slot, &p.do_map, full, m0, h, w.b);
-    }
+    load_rows<kD, kBM>(smem + L::kQ + uint32_t(stage) * L::kQBytes, &p.q_map, full, m0, h, w.b);
+    load_rows<kD, kBM>(smem + L::kDo + uint32_t(stage) * L::kQBytes, &p.do_map, full, m0, h, w.b);
     // Workspace rows of (b, h), queries m0 .. m0 + kBM - 1: inside the row
     // (tq_padded is a multiple of 128 >= m0 + kBM) and 256-byte aligned.
     const int64_t ws = (int64_t(w.b) * p.c.H + h) * p.c.tq_padded + m0;
@@ -269,7 +251,7 @@ __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
 // [n0 + 64 wg, n0 + 64 wg + 64), all d columns; or, split over d
 // (DkdvTile::kSplitD), keys [n0, n0 + 64) and dK, dV columns
 // [kColsPerWg wg, kColsPerWg (wg + 1)).
-template <int kD, typename Elem, bool kSoftcap, bool kFusedDq, int kCluster>
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
 __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const DkdvWork& w,
                                              const flash::MaskPolicy& mask, uint32_t smem,
                                              const unsigned char* smem_ptr, int wg) {
@@ -474,8 +456,8 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     ptx::pin(dv);
     ptx::pin(dk);
     // Every wgmma of this warpgroup reading the slot has completed.
-    release_slot<kCluster>(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes,
-                           t < w.multicast_steps, lane);
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
 
   const int col0 = kSplit ? wg * kDW : 0;
@@ -508,14 +490,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #ifdef GQATTN_HOPPER_BWD_DEVICE_CODE
   using Tile = DkdvTile<kD>;
   using L = DkdvSmem<kD, kFusedDq>;
-  // Q / dO multicast: clusters of kCluster CTAs (launch_dkdv), so every
-  // slot's empty barrier counts the consumer warps of all of them, the
-  // barriers are initialised cluster-wide before any copy or remote
-  // arrival, and no thread leaves before the whole cluster is done (the
-  // other CTA may still copy into, or arrive on, this CTA's shared memory).
-  constexpr int kCluster = dkdv_cluster_ctas(kD);
-  static_assert(kCluster == 1 || (!Tile::kSplitD && !Tile::kSplitGradients && !Tile::kDqByTurns),
-                "multicast only on the layout whose slot release dkdv_consume does per step");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte alignment (DkdvSmem allots the slack).
   const uint32_t smem_unaligned = uint32_t(__cvta_generic_to_shared(smem_raw));
@@ -527,7 +501,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
     for (int s = 0; s < Tile::kStages; ++s) {
       ptx::mbar_init(smem + L::kFull + uint32_t(s) * L::kBarrierBytes, kFullArrivals);
-      ptx::mbar_init(smem + L::kEmpty + uint32_t(s) * L::kBarrierBytes, kCluster * kEmptyArrivals);
+      ptx::mbar_init(smem + L::kEmpty + uint32_t(s) * L::kBarrierBytes, kEmptyArrivals);
     }
     if constexpr (kFusedDq) {
 #pragma unroll
@@ -539,18 +513,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     ptx::mbar_init_fence();
   }
-  if constexpr (kCluster > 1)
-    ptx::cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();
 
   const flash::MaskPolicy mask(p.c.mask);
-  const DkdvWork w =
-      dkdv_work<Tile::kBlockN, Tile::kBlockM, kCluster>(p.c, mask, p.dkdv_group_pairs);
+  const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM>(p.c, mask, p.dkdv_group_pairs);
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kBwdProducerRegisters>();
-    if (threadIdx.x == 0) dkdv_produce<kD, kFusedDq, kCluster>(p, w, smem);
+    if (threadIdx.x == 0) dkdv_produce<kD, kFusedDq>(p, w, smem);
     // Writers: lane 0 of warps 1 .. kDqWriters (warp 0 is the producer's).
     if constexpr (kFusedDq) {
       static_assert(kDqWriters >= 1 && kDqWriters < kWarpgroupThreads / kWarpSize,
@@ -559,7 +529,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       if (threadIdx.x % kWarpSize == 0 && warp >= 1 && warp <= kDqWriters)
         dkdv_write_dq<kD>(p, w, mask, smem, warp - 1);
     }
-    if constexpr (kCluster > 1) ptx::cluster_sync();
     return;
   }
   ptx::setmaxnreg_inc<kBwdConsumerRegisters>();
@@ -567,9 +536,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     static_assert(!kFusedDq, "no fused dQ with the split by gradient");
     dkdv_consume_split_grad<kD, Elem, kSoftcap>(p, w, mask, smem, smem_ptr, warpgroup - 1);
   } else {
-    dkdv_consume<kD, Elem, kSoftcap, kFusedDq, kCluster>(p, w, mask, smem, smem_ptr, warpgroup - 1);
+    dkdv_consume<kD, Elem, kSoftcap, kFusedDq>(p, w, mask, smem, smem_ptr, warpgroup - 1);
   }
-  if constexpr (kCluster > 1) ptx::cluster_sync();
 #else
   (void)p;
   __trap();  // no sm_90a code in this pass: never launched (see why_not)

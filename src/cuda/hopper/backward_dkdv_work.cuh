@@ -8,7 +8,6 @@
 
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/params.hpp"
-#include "cuda/hopper/backward_multicast.hpp"
 #include "cuda/hopper/tile_order.hpp"
 
 namespace gqattn::hopper::bwd {
@@ -22,11 +21,6 @@ struct DkdvWork {
   int first;    // first query tile visited
   int num_m;    // query tiles visited per head
   int steps;    // group * num_m, or 0
-  // Q / dO multicast (backward_multicast.hpp): steps t < multicast_steps
-  // visit the same (query tile, head) as the same step of the other CTA of
-  // the cluster, whose Q and dO tiles the two CTAs copy half each into both;
-  // 0 in plain CTAs.
-  int multicast_steps;
   // Step t: query tile first + num_m - 1 - t / group (the last first), query
   // head hk * group + t % group. Every key tile that visits a query tile
   // from its last visited query tile on (no mask, causal: all of them)
@@ -36,49 +30,29 @@ struct DkdvWork {
   __device__ int m0(int t, int block_m) const { return (first + num_m - 1 - t / group) * block_m; }
 };
 
-// The query tiles key tile n_block visits (none for the padding CTA of an
-// odd number of key tiles in a clustered grid).
-template <int kBlockN, int kBlockM>
-__device__ __forceinline__ flash::BlockRange visited_query_tiles(const flash::MaskPolicy& mask,
-                                                                 int n_block) {
-  const int n0 = n_block * kBlockN;
-  if (n0 >= mask.tk) return {};
-  return mask.query_blocks(n0, min(kBlockN, mask.tk - n0), kBlockM);
-}
-
 // Grid order (tile_order.hpp key_tile_id): key-tile major, the first key
 // tiles (most queries under a causal mask) first, in groups of group_pairs
-// (batch, kv head) pairs (0: one group of all); with kCluster 2 (Q / dO
-// multicast) the same order over clusters of two neighbouring key tiles
-// (clustered_key_tile_id). The fused dQ's ordered adds make a key tile wait
-// only for lower key tiles of its own (b, kv head), which have lower block
-// indices in every grouping (or sit in the same cluster, co-scheduled), so
-// they were dispatched before it (in-order dispatch, as FA3's deterministic
-// mode and CUTLASS's stream-K assume): no wait can deadlock.
-template <int kBlockN, int kBlockM, int kCluster>
+// (batch, kv head) pairs (0: one group of all). The fused dQ's ordered adds
+// make a key tile wait only for lower key tiles of its own (b, kv head),
+// which have lower block indices in every grouping, so they were dispatched
+// before it (in-order dispatch, as FA3's deterministic mode and CUTLASS's
+// stream-K assume): no wait can deadlock.
+template <int kBlockN, int kBlockM>
 __device__ __forceinline__ DkdvWork dkdv_work(const flash::BackwardParams& p,
                                               const flash::MaskPolicy& mask, int group_pairs) {
   DkdvWork w;
   const int num_pairs = p.B * p.Hkv;
-  const int index = int(blockIdx.x);
   const KeyTileId id =
-      kCluster > 1
-          ? clustered_key_tile_id(p.B, p.Hkv, (mask.tk + kBlockN - 1) / kBlockN, group_pairs, index)
-          : key_tile_id(p.B, p.Hkv, int(gridDim.x) / num_pairs, group_pairs, index);
+      key_tile_id(p.B, p.Hkv, int(gridDim.x) / num_pairs, group_pairs, int(blockIdx.x));
   w.n_block = id.n_block;
   w.b = id.b;
   w.hk = id.hk;
   w.group = p.H / p.Hkv;
   w.n0 = w.n_block * kBlockN;
-  const flash::BlockRange range = visited_query_tiles<kBlockN, kBlockM>(mask, w.n_block);
+  const flash::BlockRange range = mask.query_blocks(w.n0, min(kBlockN, mask.tk - w.n0), kBlockM);
   w.first = range.first;
   w.num_m = range.last - range.first + 1;
   w.steps = w.num_m > 0 ? w.group * w.num_m : 0;
-  w.multicast_steps = 0;
-  if constexpr (kCluster > 1) {
-    const flash::BlockRange peer = visited_query_tiles<kBlockN, kBlockM>(mask, w.n_block ^ 1);
-    w.multicast_steps = multicast_steps(range.first, range.last, peer.first, peer.last, w.group);
-  }
   return w;
 }
 

@@ -19,7 +19,6 @@
 #include <cstdint>
 
 #include "cuda/flash/params.hpp"
-#include "cuda/hopper/backward_multicast.hpp"
 #include "cuda/hopper/backward_tile_sizes.hpp"
 #include "cuda/hopper/tile_sizes.hpp"
 
@@ -229,15 +228,9 @@ constexpr std::size_t backward_smem_bytes() {
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Thread blocks of each launch for head dimension d (64, 128 or 256). With
-// Q / dO multicast the dK/dV grid holds whole clusters of key tiles, the
-// last one padded where a (batch, kv head) has an odd number of key tiles.
-constexpr int dkdv_cluster_ctas(int d) { return bwd_multicast_qdo(d) ? kBwdClusterCtas : 1; }
+// Thread blocks of each launch for head dimension d (64, 128 or 256).
 constexpr int64_t dkdv_blocks(int64_t B, int64_t Hkv, int64_t Tk, int64_t d) {
-  const int64_t key_tiles =
-      ceil_div(Tk, split_d(int(d)) ? DkdvTile<256>::kBlockN : DkdvTile<128>::kBlockN);
-  const int cluster = dkdv_cluster_ctas(int(d));
-  return cluster * ceil_div(key_tiles, cluster) * B * Hkv;
+  return ceil_div(Tk, split_d(int(d)) ? DkdvTile<256>::kBlockN : DkdvTile<128>::kBlockN) * B * Hkv;
 }
 constexpr int64_t dq_blocks(int64_t B, int64_t H, int64_t Tq, int64_t d) {
   const int block_m = d == 256   ? DqTile<256>::kBlockM

@@ -96,25 +96,6 @@ constexpr bool kBwdFusedDq = true;
 // writers one waits for its add while the other issues the next. 1: one
 // writer does every step.
 constexpr int kDqWriters = 2;
-// Q / dO multicast (backward_multicast.hpp): the dK/dV grid runs in
-// clusters of two CTAs on neighbouring key tiles of one (batch, kv head);
-// on the steps both walks share (all steps of the shorter walk where both
-// end at the same query tile: no window) each CTA copies one of the two
-// column blocks of the step's Q and dO tiles into both CTAs' ring slots,
-// so every Q / dO tile is read from L2 once per two key tiles. A slot's
-// empty barrier then counts the consumer warps of both CTAs: on a shared
-// step each warp arrives on the barrier of both, on any other step twice
-// on its own. Why: at the 700 W cap the long backward is bound by energy
-// (docs/hopper.md, Backward TODO 4: 13% lost to the cap at causal B1 T16k,
-// cuDNN 6.5%), and a diagnostic build without the Q / dO copies beyond
-// the first ring slots measured +5%; the forward's K/V multicast gained 2%
-// at the cap for the same reason. For d == kBwdMulticastQdoD only: d64's
-// tiles are one column block (nothing to split by columns) and d256 runs
-// the split by gradient. Off: plain CTAs, each copying its own Q and dO.
-constexpr bool kBwdMulticastQdo = true;
-constexpr int kBwdMulticastQdoD = 128;
-constexpr bool bwd_multicast_qdo(int d) { return kBwdMulticastQdo && d == kBwdMulticastQdoD; }
-
 // Fused dQ by turns: step t's partial (its 64 queries, all d columns, over
 // the CTA's kBlockN keys) is formed by consumer warpgroup t % 2 alone, once
 // its own dV and dK wgmmas have completed (so that P^T and dS^T are dead

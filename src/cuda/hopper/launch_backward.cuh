@@ -21,33 +21,14 @@
 
 namespace gqattn::hopper::bwd {
 
-// With Q / dO multicast (dkdv_cluster_ctas(kD) > 1) the dK/dV grid runs in
-// clusters of neighbouring key tiles (backward_multicast.hpp).
 template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
 void launch_dkdv(const BackwardParams& p, cudaStream_t stream) {
   constexpr int kSmem = int(DkdvSmem<kD, kFusedDq>::kAllocBytes);
-  constexpr int kCluster = dkdv_cluster_ctas(kD);
   const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk, kD));
   auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, kFusedDq>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  if constexpr (kCluster == 1) {
-    kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
-  } else {
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kCluster;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(blocks));
-    config.blockDim = dim3(kBwdThreads);
-    config.dynamicSmemBytes = kSmem;
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
-  }
+  kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
   cuda::check_launch("cuda-hopper backward_dkdv_kernel");
 }
 
