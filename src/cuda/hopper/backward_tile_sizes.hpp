@@ -26,7 +26,8 @@ constexpr bool kBwdOverlapSdP = true;
 // TFLOP/s, overlapped / serial, two builds each, one call): d64 causal cap30
 // B4 T4k 311, 313 / 304, 306; d128 causal 431, 456 / 439, 442 and
 // non-causal 461, 462 / 475, 475 (the d128 kernels use R237 of 240 either
-// way, so the third array leaves ptxas no slack). Above the bound: one
+// way, so the third array leaves ptxas no slack); again on 2026-12-03 (200
+// calls back to back): d128 causal cap30 429 / 437, 437. Above the bound: one
 // group, all element-wise work after it. d 256 splits S and dP between the
 // warpgroups (split_handover) and does not use either.
 constexpr int kBwdOverlapSdPSoftcapMaxD = 64;
@@ -197,7 +198,8 @@ constexpr DkdvSplit dkdv_split(int d) { return split_d(d) ? kBwdDkdvSplitD256 : 
 //   504, 480, 485, 495, 508; 2 or 4 pairs (below 1.5 waves) 478-497, 16:
 //   495;
 // - non-causal, 8 pairs: 543, 543, 548, 553 / 519, 519, 534, 534, 518, 520;
-// - B1 T16k, 2 pairs: 555, 554 / 541, 542 (4 pairs 549, 551);
+// - B1 T16k, 2 pairs: 555, 554 / 541, 542 (4 pairs 549, 551; 1 pair, below
+//   1.5 waves, 534 against 549, 545 in a later call, 200 calls back to back);
 // - B16 T1k (8 key tiles: 32 pairs for 1.5 waves, above the cap): 8 pairs
 //   324, 329, 327, 327; 32 pairs 332 / 325-337 key-tile major;
 // - d256 causal B4 T4k within the spread for 2 to 16 pairs (docs/hopper.md
