@@ -68,7 +68,6 @@
 #include "cuda/hopper/backward_split_exchange.cuh"
 #include "cuda/hopper/ptx/bulk_copy.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
-#include "cuda/hopper/ptx/grid_dependency.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
@@ -515,10 +514,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     ptx::mbar_init_fence();
   }
   __syncthreads();
-
-  // The fused dQ's conversion kernel may start as soon as every dK/dV CTA
-  // has (kBwdDqConvertOverlap): it waits per block for the adds it reads.
-  if constexpr (kFusedDq && kBwdDqConvertOverlap) ptx::launch_dependents();
 
   const flash::MaskPolicy mask(p.c.mask);
   const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM>(p.c, mask, p.dkdv_group_pairs);
