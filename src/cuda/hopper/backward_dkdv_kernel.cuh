@@ -68,6 +68,7 @@
 #include "cuda/hopper/backward_split_exchange.cuh"
 #include "cuda/hopper/ptx/bulk_copy.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
+#include "cuda/hopper/ptx/grid_dependency.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
@@ -514,6 +515,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     ptx::mbar_init_fence();
   }
   __syncthreads();
+
+  // The fused dQ's conversion kernel may be scheduled once every dK/dV CTA
+  // has got here (kBwdDqConvertOverlap): it checks per block that the adds
+  // it reads have completed.
+  if constexpr (kFusedDq && kBwdDqConvertOverlap) ptx::launch_dependents();
 
   const flash::MaskPolicy mask(p.c.mask);
   const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM>(p.c, mask, p.dkdv_group_pairs);

@@ -97,6 +97,25 @@ constexpr bool kBwdFusedDq = true;
 // writers one waits for its add while the other issues the next. 1: one
 // writer does every step.
 constexpr int kDqWriters = 2;
+// Fused dQ: the conversion kernel (backward_dq_convert.cuh) runs in the
+// dK/dV kernel's tail (programmatic dependent launch): the dK/dV CTAs let it
+// be scheduled as soon as all of them have started, and its CTAs, a
+// persistent grid of kDqConvertCtasPerSm per SM, poll their share of the
+// accumulator's blocks and convert each once its semaphore shows that every
+// key tile visiting it has added, in whatever order that happens; they wait
+// for the dK/dV grid to complete before they exit, so that later work on the
+// stream sees dk and dv as before. Why: the pass over the accumulator took
+// 0.11 of the 2.9 ms of the fused d128 causal B4 T4k backward (Nsight
+// Compute, docs/hopper.md Backward TODO 4), time in which the dK/dV kernel's
+// last wave leaves SMs idle. Measured on / off (docs/hopper.md Backward
+// TODO 2): a small gain, +0.2 to +1.5% in the mean of four runs of 60 to 200
+// calls, none alone beyond the noise; +5% on the fused path at B16 T1k. A
+// fixed conversion order (latest query tile first) was neutral: those blocks
+// complete last. 2, 4 or 8 CTAs per SM measure the same. Off: one CTA per
+// block, launched after the dK/dV kernel has completed (the same kernel; its
+// semaphore checks then pass at once).
+constexpr bool kBwdDqConvertOverlap = true;
+constexpr int kDqConvertCtasPerSm = 4;
 // Fused dQ by turns: step t's partial (its 64 queries, all d columns, over
 // the CTA's kBlockN keys) is formed by consumer warpgroup t % 2 alone, once
 // its own dV and dK wgmmas have completed (so that P^T and dS^T are dead

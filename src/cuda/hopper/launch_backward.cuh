@@ -11,7 +11,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/common/device_query.hpp"
 #include "cuda/flash/backward_preprocess.cuh"
 #include "cuda/flash/tile_sizes.hpp"
 #include "cuda/hopper/backward_dkdv_kernel.cuh"
@@ -41,7 +44,28 @@ void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
       p.dq_semaphores, 0, fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
   launch_dkdv<kD, Elem, kSoftcap, true>(p, stream);
   const int blocks = int(dq_convert_blocks(p.c.B, p.c.H, p.c.tq_padded));
-  backward_dq_convert_kernel<kD, Elem><<<blocks, kDqConvertThreads, 0, stream>>>(p);
+  auto convert = backward_dq_convert_kernel<kD, Elem>;
+  if constexpr (kBwdDqConvertOverlap) {
+    // Programmatic dependent launch: scheduled once every dK/dV CTA has
+    // started (backward_dkdv_kernel), so it can use the SMs the dK/dV
+    // kernel's last wave leaves idle; a persistent grid, since its CTAs
+    // wait for their blocks and hold their SMs while they do.
+    const int ctas =
+        std::min(blocks, kDqConvertCtasPerSm * cuda::current_device_properties().multiprocessors);
+    cudaLaunchAttribute overlap{};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(ctas));
+    config.blockDim = dim3(kDqConvertThreads);
+    config.dynamicSmemBytes = dq_convert_pending_bytes(blocks, ctas);
+    config.stream = stream;
+    config.attrs = &overlap;
+    config.numAttrs = 1;
+    GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, convert, p));
+  } else {
+    convert<<<blocks, kDqConvertThreads, dq_convert_pending_bytes(blocks, blocks), stream>>>(p);
+  }
   cuda::check_launch("cuda-hopper backward_dq_convert_kernel");
 }
 
