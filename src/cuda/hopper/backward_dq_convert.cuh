@@ -14,6 +14,7 @@
 
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
+#include "cuda/hopper/backward_common.cuh"  // GQATTN_HOPPER_BWD_DEVICE_CODE
 #include "cuda/hopper/backward_dq_convert_tasks.hpp"
 #include "cuda/hopper/backward_dq_fused.cuh"
 #include "cuda/hopper/backward_params.hpp"
@@ -49,6 +50,7 @@ namespace gqattn::hopper::bwd {
 template <int kD, typename Elem>
 __global__ void __launch_bounds__(kDqConvertThreads)
     backward_dq_convert_kernel(const __grid_constant__ BackwardParams p) {
+#ifdef GQATTN_HOPPER_BWD_DEVICE_CODE
   using Tile = DkdvTile<kD>;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kCols = Tile::kDqCols;
@@ -167,6 +169,10 @@ __global__ void __launch_bounds__(kDqConvertThreads)
     __syncthreads();  // `complete` is read by all before warp 0 rewrites it
   }
   ptx::wait_on_prerequisites();
+#else
+  (void)p;
+  __trap();  // no sm_90a code in this pass: never launched (see why_not)
+#endif
 }
 
 }  // namespace gqattn::hopper::bwd
