@@ -1,7 +1,8 @@
 """gqattn.torch: outputs and gradients against torch's math SDPA and explicit
 f64 math, gradcheck through the f64 oracle route, opcheck of the custom ops,
 torch.compile(fullgraph=True), the flash_attn_func mapping, and CUDA (skipped
-without a GPU). Skipped as a whole when torch is not installed.
+without a GPU; also a torch.cuda.graphs capture of the forward and backward
+whose replays must give the eager bits). Skipped as a whole when torch is not installed.
 Run: pytest python/tests/test_torch.py (after `pip install .`).
 """
 
@@ -381,6 +382,45 @@ def test_cuda_runs_on_the_current_stream():
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     assert torch.equal(got, want)
+
+
+@needs_cuda
+def test_cuda_graph_replay_matches_eager():
+    # torch.cuda.graphs over the forward and the backward (what
+    # torch.compile(mode="reduce-overhead") does): each replay must give the
+    # eager bits of the inputs the static tensors hold at replay time.
+    shape = (2, 333, 333, 4, 2, 128)
+    first = make(*shape, dtype=torch.bfloat16, device="cuda", seed=6)
+    second = make(*shape, dtype=torch.bfloat16, device="cuda", seed=7)
+
+    def step(q, k, v, do):
+        o = gt.attention(q, k, v, causal=True)
+        return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+    def eager(inputs):
+        q, k, v, do = inputs
+        return step(*(t.clone().requires_grad_() for t in (q, k, v)), do)
+
+    want_first, want_second = eager(first), eager(second)
+    assert not torch.equal(want_first[1], want_second[1])
+
+    static = [t.clone().requires_grad_(i < 3) for i, t in enumerate(first)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch asks
+        step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step(*static)
+    for inputs, want in ((first, want_first), (second, want_second)):
+        with torch.no_grad():
+            for s, t in zip(static, inputs):
+                s.copy_(t)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, w in zip(outputs, want):
+            assert torch.equal(got, w)
 
 
 @needs_cuda
