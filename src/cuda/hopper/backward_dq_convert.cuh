@@ -31,10 +31,10 @@ namespace gqattn::hopper::bwd {
 // lane's acquire load and the barrier after it make the adds visible to
 // the whole CTA), and the CTA converts the complete ones; then the next
 // chunk, round and round, with a back-off after a round without progress.
-// Under programmatic dependent launch the grid starts once every dK/dV CTA
-// has, while the last ones still add. A block in two phases through shared
-// memory, so that both the f32 reads and the 16-bit writes are contiguous
-// across a warp:
+// Under programmatic dependent launch the grid may start once every dK/dV
+// CTA has started, while the last ones still add. A block in two phases
+// through shared memory, so that both the f32 reads and the 16-bit writes
+// are contiguous across a warp:
 // 1. each thread reads float4s of the block in storage order (coalesced):
 //    float4 i of warpgroup part w, n8 block c holds rows r, r + 8
 //    (r = 16 (i / 32) + (i % 32) / 4) and columns w kDqCols + 8 c +
