@@ -8,7 +8,9 @@
 // mode (any call that is unsafe while a stream captures fails the capture)
 // and in the relaxed mode. Per CUDA backend and, for cuda-hopper, per dQ
 // path: the fused path launches its conversion kernel by programmatic
-// dependent launch, the separate path a third kernel. Skips, saying why,
+// dependent launch, the separate path a third kernel; and cuda-hopper's
+// split-KV decoding forward, whose combine kernel is a programmatic
+// dependent launch too (kCombineOverlap). Skips, saying why,
 // where a backend cannot run the problem.
 #include <gtest/gtest.h>
 
@@ -38,6 +40,11 @@ struct CaptureCase {
   Backend backend;
   const char* dq_path;  // GQATTN_HOPPER_DQ, or nullptr
   cudaStreamCaptureMode mode;
+  // A decoding step (decoding_problem) in place of capture_problem: on
+  // cuda-hopper its forward packs the query heads and, with
+  // GQATTN_HOPPER_SPLIT_KV=3, splits the keys, so a second kernel (the
+  // combine) and its partials' workspace are captured too.
+  bool decoding = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<CaptureCase>& info) { return info.param.name; }
@@ -50,6 +57,19 @@ Problem capture_problem() {
   p.B = 2;
   p.Tq = p.Tk = 333;
   p.H = 4;
+  p.Hkv = 2;
+  p.d = 128;
+  p.causal = true;
+  return p;
+}
+
+// One query row per head against a long context.
+Problem decoding_problem() {
+  Problem p;
+  p.B = 2;
+  p.Tq = 1;
+  p.Tk = 2000;
+  p.H = 8;
   p.Hkv = 2;
   p.d = 128;
   p.causal = true;
@@ -168,13 +188,14 @@ class GraphCapture : public ::testing::TestWithParam<CaptureCase> {};
 TEST_P(GraphCapture, ReplaysGiveTheEagerBitsOfTheCurrentInputs) {
   GQATTN_SKIP_WITHOUT_CUDA();
   const CaptureCase& c = GetParam();
-  const Problem p = capture_problem();
+  const Problem p = c.decoding ? decoding_problem() : capture_problem();
   const DType dtype = DType::bf16;
   for (gqattn::Pass pass : {gqattn::Pass::forward, gqattn::Pass::backward}) {
     const gqattn::Explanation e = gqattn::explain(p, dtype, gqattn::Device::cuda, c.backend, pass);
     if (!e.supported) GTEST_SKIP() << gqattn::backend_name(c.backend) << ": " << e.reason;
   }
   const gqattn::test::ScopedEnv path("GQATTN_HOPPER_DQ", c.dq_path);
+  const gqattn::test::ScopedEnv split("GQATTN_HOPPER_SPLIT_KV", c.decoding ? "3" : nullptr);
   const Inputs first = gqattn::test::random_inputs(p, dtype, kSeed);
   const Inputs second = gqattn::test::random_inputs(p, dtype, kSeed + 1);
   Buffers buffers(p, dtype);
@@ -210,6 +231,8 @@ INSTANTIATE_TEST_SUITE_P(
                     cudaStreamCaptureModeGlobal},
         CaptureCase{"hopper_fused_dq_relaxed", Backend::CudaHopper, "fused",
                     cudaStreamCaptureModeRelaxed},
+        CaptureCase{"hopper_decoding_split_kv_global", Backend::CudaHopper, nullptr,
+                    cudaStreamCaptureModeGlobal, true},
         CaptureCase{"flash_global", Backend::CudaFlash, nullptr, cudaStreamCaptureModeGlobal},
         CaptureCase{"flash_relaxed", Backend::CudaFlash, nullptr, cudaStreamCaptureModeRelaxed},
         CaptureCase{"unfused_global", Backend::CudaUnfused, nullptr, cudaStreamCaptureModeGlobal},

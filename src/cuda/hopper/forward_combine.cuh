@@ -18,6 +18,7 @@
 
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/params.hpp"
+#include "cuda/hopper/ptx/grid_dependency.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
 namespace gqattn::hopper {
@@ -28,6 +29,10 @@ constexpr int kCombineThreads = kCombineWarps * kWarpSize;
 template <int kD, typename Elem>
 __global__ void __launch_bounds__(kCombineThreads)
     forward_combine_kernel(const __grid_constant__ ForwardParams p) {
+  // Launched by programmatic dependent launch (kCombineOverlap): the
+  // forward grid's partials are complete and visible only after this
+  // (without the launch attribute it returns at once).
+  ptx::wait_on_prerequisites();
   constexpr int kPerLane = kD / kWarpSize;
   static_assert(kPerLane % 2 == 0, "columns go out in pairs");
   const int tq = p.mask.tq;

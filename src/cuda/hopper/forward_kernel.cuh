@@ -37,8 +37,10 @@
 #include "cuda/hopper/producer.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
 #include "cuda/hopper/ptx/cluster.cuh"
+#include "cuda/hopper/ptx/grid_dependency.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
+#include "cuda/hopper/split_kv.hpp"
 #include "cuda/hopper/tile_coord.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
@@ -91,6 +93,12 @@ __global__ void __launch_bounds__(forward_threads<Tile>(), 1)
     ptx::cluster_sync();
   else
     __syncthreads();
+
+  // A split-KV forward's combine kernel (forward_combine.cuh) may be
+  // scheduled once every CTA of this grid has got here: it waits for this
+  // grid's completion (griddepcontrol.wait) before it reads the partials,
+  // so only its launch overlaps (kCombineOverlap).
+  if (kCombineOverlap && p.num_splits > 1) ptx::launch_dependents();
 
   const MaskPolicy mask(p.mask);
   const TileSchedule<kCluster> schedule{p.num_tiles};

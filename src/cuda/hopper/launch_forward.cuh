@@ -24,6 +24,7 @@
 #include "cuda/hopper/forward_combine.cuh"
 #include "cuda/hopper/forward_kernel.cuh"
 #include "cuda/hopper/launchers.hpp"
+#include "cuda/hopper/split_kv.hpp"
 #include "gqattn/error.hpp"
 
 namespace gqattn::hopper {
@@ -76,7 +77,19 @@ void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
   }
   cuda::check_launch("cuda-hopper forward_kernel");
   if (p.num_splits > 1) {
-    forward_combine_kernel<Tile::kD, Elem><<<combine_blocks(p), kCombineThreads, 0, stream>>>(p);
+    // Programmatic dependent launch (kCombineOverlap): the combine kernel is
+    // launched while the forward runs and waits for it on the device, so the
+    // launch's latency hides under the forward's tail.
+    cudaLaunchAttribute overlap{};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = kCombineOverlap ? 1 : 0;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(combine_blocks(p));
+    config.blockDim = dim3(kCombineThreads);
+    config.stream = stream;
+    config.attrs = &overlap;
+    config.numAttrs = 1;
+    GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, forward_combine_kernel<Tile::kD, Elem>, p));
     cuda::check_launch("cuda-hopper forward_combine_kernel");
   }
 }

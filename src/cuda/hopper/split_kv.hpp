@@ -33,6 +33,15 @@ constexpr bool kSplitKv = true;
 constexpr int kSplitKvMinKeyTiles = 4;
 // At most this many splits (the combine reads each row's partials in turn).
 constexpr int kSplitKvMaxSplits = 16;
+// The combine kernel by programmatic dependent launch: launched while the
+// forward kernel runs (every forward CTA triggers it once started), it
+// waits on the device for the forward grid (griddepcontrol.wait), so the
+// gap between the two kernels (their launch latency) overlaps the forward.
+// Why: a split decoding forward takes 33-144 us (docs/performance.md,
+// short queries), so a few microseconds of launch gap count: 1-2 us
+// faster on each decoding shape measured (docs/hopper.md TODO 10).
+// Off: a plain stream-ordered launch.
+constexpr bool kCombineOverlap = true;
 
 // Splits per work tile by the rule: only where the work tiles fill at most
 // half the SMs, as many as fill them in one wave, each of at least
