@@ -2,7 +2,8 @@
 f64 math, gradcheck through the f64 oracle route, opcheck of the custom ops,
 torch.compile(fullgraph=True), the flash_attn_func mapping, and CUDA (skipped
 without a GPU; also a torch.cuda.graphs capture of the forward and backward
-whose replays must give the eager bits). Skipped as a whole when torch is not installed.
+whose replays must give the eager bits, and torch.compile's CUDA graphs).
+Skipped as a whole when torch is not installed.
 Run: pytest python/tests/test_torch.py (after `pip install .`).
 """
 
@@ -421,6 +422,41 @@ def test_cuda_graph_replay_matches_eager():
         torch.cuda.synchronize()
         for got, w in zip(outputs, want):
             assert torch.equal(got, w)
+
+
+@needs_cuda
+def test_cuda_torch_compile_reduce_overhead():
+    # torch.compile(mode="reduce-overhead"): inductor's CUDA graph trees
+    # record the compiled forward and backward (gqattn's two ops) on early
+    # calls and replay them after. Every call must give the eager bits of its
+    # own inputs (the same kernels on the same data), and inductor must not
+    # have skipped a graph (it counts every skip it logs, e.g. for an op that
+    # synchronises or a CPU tensor).
+    from torch._dynamo.utils import counters
+
+    shape = (2, 333, 333, 4, 2, 128)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(lambda q, k, v: gt.attention(q, k, v, causal=True),
+                             mode="reduce-overhead", fullgraph=True)
+    for seed in range(8, 13):  # first calls record, later ones replay
+        inputs = make(*shape, dtype=torch.bfloat16, device="cuda", seed=seed)
+        want = eager_forward_backward(*inputs)
+        q, k, v = (t.clone().requires_grad_() for t in inputs[:3])
+        o = compiled(q, k, v)
+        got = [o.detach().clone()]  # a replay reuses the graph's output memory
+        o.backward(inputs[3])
+        got += [t.grad.clone() for t in (q, k, v)]
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+def eager_forward_backward(q, k, v, do):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    o = gt.attention(q, k, v, causal=True)
+    o.backward(do)
+    return [o.detach(), q.grad, k.grad, v.grad]
 
 
 @needs_cuda
