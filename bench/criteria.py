@@ -1,19 +1,25 @@
-"""The issues' speed criteria, read off one side-by-side run.
+"""The issues' speed criteria, read off one side-by-side run or several.
 
 Reads the JSON that bench/side_by_side.py writes and prints, for every
 speed line of the Hopper issues (#5 forward, #6 backward), gqattn's ratio
 to the competitor the line names, three ways:
-  - in the run: the median over the run's rounds and the lowest round (each
-    round's ratio takes both sides from that round);
+  - in the run: the median over the run's rounds, the lowest round and in
+    how many rounds the line is met (each round's ratio takes both sides
+    from that round);
   - against the anchors: gqattn's median TFLOP/s over the competitor's number
     in ../shared/anchors (measured once, 2026-11-30, on an H200), which does
     not move with the competitor's run-to-run spread.
 The H200 moves a backend's TFLOP/s by up to 13% between runs
 (docs/performance.md), as much as the 1.10x lines, so a line met on one basis
 may be missed on another; this prints all three rather than choosing.
+Given several runs, their rounds are pooled (each round's ratio still takes
+both sides from that round of that run): a line near its mark is then read
+over more rounds than one call holds. Pool only runs of the same kernels,
+or say which differ.
 Checked by bench/tests/test_criteria.py (synthetic runs and anchors).
 
-usage: python bench/criteria.py RUN.json [--anchors DIR] [--ours LABEL] [--markdown]
+usage: python bench/criteria.py RUN.json [MORE.json ...] [--anchors DIR] [--ours LABEL]
+                                [--markdown]
 (LABEL default gqattn:cuda-hopper, the issues' backend)
 """
 import argparse
@@ -60,7 +66,8 @@ CRITERIA = [
 
 # What one criterion measured: ratios None where the run (or the anchors)
 # has no number for a side.
-Reading = namedtuple("Reading", "criterion run_median run_lowest rounds anchor_ratio anchor_tflops")
+Reading = namedtuple("Reading",
+                     "criterion run_median run_lowest rounds rounds_met anchor_ratio anchor_tflops")
 
 
 def default_anchors_dir():
@@ -131,7 +138,16 @@ def read_criterion(c, results, ours, anchors):
     anchor = (anchors.get((c.competitor, c.shape)) or {}).get(c.pass_)
     anchor_ratio = statistics.median(mine_all) / anchor if mine_all and anchor else None
     return Reading(c, statistics.median(per_round) if per_round else None,
-                   min(per_round) if per_round else None, len(per_round), anchor_ratio, anchor)
+                   min(per_round) if per_round else None, len(per_round),
+                   sum(met(v, c.line) == "yes" for v in per_round), anchor_ratio, anchor)
+
+
+def pool_runs(runs):
+    """One run whose rounds are every round of `runs`, each kept apart
+    (its round becomes (run's index, round)), so that a round's ratio still
+    takes both sides from one round of one run."""
+    return {"results": [dict(r, round=(i, r.get("round", 0)))
+                        for i, run in enumerate(runs) for r in run["results"]]}
 
 
 def read_run(run, anchors, ours=DEFAULT_OURS):
@@ -152,18 +168,20 @@ def rows(readings):
     for r in readings:
         c = r.criterion
         yield [f"#{c.issue}", c.pass_, c.shape, c.competitor, f">= {c.line:.2f}",
-               ratio_text(r.run_median), ratio_text(r.run_lowest), str(r.rounds),
+               ratio_text(r.run_median), ratio_text(r.run_lowest),
+               f"{r.rounds_met} of {r.rounds}",
                met(r.run_median, c.line), met(r.run_lowest, c.line),
                ratio_text(r.anchor_ratio) +
                (f" ({r.anchor_tflops:.0f})" if r.anchor_tflops else ""),
                met(r.anchor_ratio, c.line)]
 
 
-HEADER = ["issue", "pass", "shape", "against", "line", "run median", "lowest round", "rounds",
+HEADER = ["issue", "pass", "shape", "against", "line", "run median", "lowest round", "rounds met",
           "met (median)", "met (every round)", "vs anchor (its TFLOP/s)", "met (anchor)"]
 
 
-def print_table(readings, markdown, out=sys.stdout):
+def print_table(readings, markdown, out=None):
+    out = out or sys.stdout  # looked up per call, so that a redirect is followed
     table = [HEADER] + list(rows(readings))
     if markdown:
         out.write("| " + " | ".join(HEADER) + " |\n")
@@ -178,18 +196,22 @@ def print_table(readings, markdown, out=sys.stdout):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run", help="side_by_side.json of one run")
+    ap.add_argument("runs", nargs="+", metavar="run",
+                    help="side_by_side.json of a run; several are pooled (their rounds)")
     ap.add_argument("--anchors", default=default_anchors_dir(),
                     help="folder of anchors-*.json (default: ../shared/anchors beside the repo)")
     ap.add_argument("--ours", default=DEFAULT_OURS,
                     help=f"gqattn's label in the run (default: {DEFAULT_OURS})")
     ap.add_argument("--markdown", action="store_true", help="a Markdown table")
     args = ap.parse_args(argv)
-    with open(args.run) as f:
-        run = json.load(f)
+    runs = []
+    for path in args.runs:
+        with open(path) as f:
+            runs.append(json.load(f))
     anchors = load_anchors(args.anchors)
-    ours, readings = read_run(run, anchors, args.ours)
-    print(f"{ours} in {args.run}; anchors: "
+    ours, readings = read_run(runs[0] if len(runs) == 1 else pool_runs(runs), anchors, args.ours)
+    print(f"{ours} in {', '.join(args.runs)}"
+          f"{' (rounds pooled)' if len(runs) > 1 else ''}; anchors: "
           f"{args.anchors if anchors else 'none found in ' + args.anchors}")
     print_table(readings, args.markdown)
 

@@ -1,7 +1,7 @@
 """bench/criteria.py without a GPU: the issues' ratios read off a synthetic
 side-by-side run (per round, both sides from the same round) and off
 synthetic anchors (a backend's own family's file wins over another file's
-records of it), and the three verdicts."""
+records of it), the three verdicts, and several runs pooled."""
 import io
 import json
 import os
@@ -104,7 +104,44 @@ def test_verdicts_and_table(anchors_dir):
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 + len(criteria.CRITERIA)
     window_fwd = next(line for line in lines if criteria.WINDOW in line and "| fwd |" in line)
-    assert "| 2.600 | 2.600 | 1 | yes | yes | 2.600 (200) | yes |" in window_fwd
+    assert "| 2.600 | 2.600 | 1 of 1 | yes | yes | 2.600 (200) | yes |" in window_fwd
+
+
+def test_runs_pooled_keep_each_rounds_sides_together(anchors_dir):
+    # Run A: round 0 660 / 600 = 1.10, round 1 600 / 600 = 1.00; run B:
+    # round 0 700 / 560 = 1.25. Pooled: three rounds, two of them met;
+    # pairing run A's round 0 with run B's cuDNN (560) would read 1.18.
+    run_a = {"results": [record(OURS, criteria.T4K, 0, 660.0, 400.0),
+                         record("sdpa-cudnn", criteria.T4K, 0, 600.0, 400.0),
+                         record(OURS, criteria.T4K, 1, 600.0, 400.0),
+                         record("sdpa-cudnn", criteria.T4K, 1, 600.0, 400.0)]}
+    run_b = {"results": [record(OURS, criteria.T4K, 0, 700.0, 400.0),
+                         record("sdpa-cudnn", criteria.T4K, 0, 560.0, 400.0)]}
+    _, readings = criteria.read_run(criteria.pool_runs([run_a, run_b]),
+                                    criteria.load_anchors(anchors_dir))
+    fwd = reading(readings, 5, criteria.T4K)
+    assert (fwd.rounds, fwd.rounds_met) == (3, 2)
+    assert fwd.run_median == pytest.approx(1.10)
+    assert fwd.run_lowest == pytest.approx(1.00)
+    # Our median over all three rounds, 660, over the anchor's 500.
+    assert fwd.anchor_ratio == pytest.approx(660.0 / 500.0)
+    # The inputs are not changed.
+    assert run_a["results"][0]["round"] == 0
+
+
+def test_main_pools_the_runs_given(anchors_dir, tmp_path, capsys):
+    paths = []
+    for i, (mine, theirs) in enumerate(((660.0, 600.0), (500.0, 600.0))):
+        run = {"results": [record(OURS, criteria.T4K, 0, mine, 1.0),
+                           record("sdpa-cudnn", criteria.T4K, 0, theirs, 1.0)]}
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps(run))
+        paths.append(str(path))
+    criteria.main(paths + ["--anchors", anchors_dir, "--markdown"])
+    out = capsys.readouterr().out
+    assert "(rounds pooled)" in out
+    t4k_fwd = next(line for line in out.splitlines() if criteria.T4K in line and "| fwd |" in line)
+    assert "| 1 of 2 |" in t4k_fwd
 
 
 def test_a_run_without_cuda_hopper_is_refused():
