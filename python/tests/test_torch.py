@@ -430,8 +430,9 @@ def test_cuda_torch_compile_reduce_overhead():
     # record the compiled forward and backward (gqattn's two ops) on early
     # calls and replay them after. Every call must give the eager bits of its
     # own inputs (the same kernels on the same data), and inductor must not
-    # have skipped a graph (it counts every skip it logs, e.g. for an op that
-    # synchronises or a CPU tensor).
+    # have skipped a graph (it counts every skip it logs, e.g. for a CPU
+    # tensor or a mutated input); a call that synchronised or allocated
+    # unsafely would fail the capture itself.
     from torch._dynamo.utils import counters
 
     shape = (2, 333, 333, 4, 2, 128)
