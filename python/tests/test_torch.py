@@ -438,26 +438,20 @@ def test_cuda_torch_compile_reduce_overhead():
     shape = (2, 333, 333, 4, 2, 128)
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(lambda q, k, v: gt.attention(q, k, v, causal=True),
-                             mode="reduce-overhead", fullgraph=True)
+
+    def attention(q, k, v):
+        return gt.attention(q, k, v, causal=True)
+
+    compiled = torch.compile(attention, mode="reduce-overhead", fullgraph=True)
     for seed in range(8, 13):  # first calls record, later ones replay
         inputs = make(*shape, dtype=torch.bfloat16, device="cuda", seed=seed)
-        want = eager_forward_backward(*inputs)
-        q, k, v = (t.clone().requires_grad_() for t in inputs[:3])
-        o = compiled(q, k, v)
-        got = [o.detach().clone()]  # a replay reuses the graph's output memory
-        o.backward(inputs[3])
-        got += [t.grad.clone() for t in (q, k, v)]
-        for g, w in zip(got, want):
+        want_o, want_grads = grads(attention, *inputs)
+        # Compared before the next call: a replay reuses the graph's memory.
+        got_o, got_grads = grads(compiled, *inputs)
+        assert torch.equal(got_o, want_o)
+        for g, w in zip(got_grads, want_grads):
             assert torch.equal(g, w)
     assert counters["inductor"]["cudagraph_skips"] == 0
-
-
-def eager_forward_backward(q, k, v, do):
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    o = gt.attention(q, k, v, causal=True)
-    o.backward(do)
-    return [o.detach(), q.grad, k.grad, v.grad]
 
 
 @needs_cuda

@@ -21,6 +21,7 @@
 #include "cuda/hopper/backward_dq_convert.cuh"
 #include "cuda/hopper/backward_dq_kernel.cuh"
 #include "cuda/hopper/backward_params.hpp"
+#include "cuda/hopper/dependent_launch.hpp"
 
 namespace gqattn::hopper::bwd {
 
@@ -44,28 +45,16 @@ void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
       p.dq_semaphores, 0, fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
   launch_dkdv<kD, Elem, kSoftcap, true>(p, stream);
   const int blocks = int(dq_convert_blocks(p.c.B, p.c.H, p.c.tq_padded));
-  auto convert = backward_dq_convert_kernel<kD, Elem>;
-  if constexpr (kBwdDqConvertOverlap) {
-    // Programmatic dependent launch: scheduled once every dK/dV CTA has
-    // started (backward_dkdv_kernel), so it can use the SMs the dK/dV
-    // kernel's last wave leaves idle; a persistent grid, since its CTAs
-    // wait for their blocks and hold their SMs while they do.
-    const int ctas =
-        std::min(blocks, kDqConvertCtasPerSm * cuda::current_device_properties().multiprocessors);
-    cudaLaunchAttribute overlap{};
-    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(ctas));
-    config.blockDim = dim3(kDqConvertThreads);
-    config.dynamicSmemBytes = dq_convert_pending_bytes(blocks, ctas);
-    config.stream = stream;
-    config.attrs = &overlap;
-    config.numAttrs = 1;
-    GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, convert, p));
-  } else {
-    convert<<<blocks, kDqConvertThreads, dq_convert_pending_bytes(blocks, blocks), stream>>>(p);
-  }
+  // With kBwdDqConvertOverlap, a programmatic dependent launch: scheduled
+  // once every dK/dV CTA has started (backward_dkdv_kernel), so it can use
+  // the SMs the dK/dV kernel's last wave leaves idle; a persistent grid,
+  // since its CTAs wait for their blocks and hold their SMs while they do.
+  const int ctas = kBwdDqConvertOverlap
+                       ? std::min(blocks, kDqConvertCtasPerSm *
+                                              cuda::current_device_properties().multiprocessors)
+                       : blocks;
+  launch_dependent(backward_dq_convert_kernel<kD, Elem>, unsigned(ctas), kDqConvertThreads,
+                   dq_convert_pending_bytes(blocks, ctas), stream, kBwdDqConvertOverlap, p);
   cuda::check_launch("cuda-hopper backward_dq_convert_kernel");
 }
 

@@ -21,6 +21,7 @@
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
+#include "cuda/hopper/dependent_launch.hpp"
 #include "cuda/hopper/forward_combine.cuh"
 #include "cuda/hopper/forward_kernel.cuh"
 #include "cuda/hopper/launchers.hpp"
@@ -77,19 +78,11 @@ void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
   }
   cuda::check_launch("cuda-hopper forward_kernel");
   if (p.num_splits > 1) {
-    // Programmatic dependent launch (kCombineOverlap): the combine kernel is
-    // launched while the forward runs and waits for it on the device, so the
-    // launch's latency hides under the forward's tail.
-    cudaLaunchAttribute overlap{};
-    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap.val.programmaticStreamSerializationAllowed = kCombineOverlap ? 1 : 0;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(combine_blocks(p));
-    config.blockDim = dim3(kCombineThreads);
-    config.stream = stream;
-    config.attrs = &overlap;
-    config.numAttrs = 1;
-    GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, forward_combine_kernel<Tile::kD, Elem>, p));
+    // With kCombineOverlap, a programmatic dependent launch: launched while
+    // the forward runs, it waits for it on the device, so the launch's
+    // latency hides under the forward's tail.
+    launch_dependent(forward_combine_kernel<Tile::kD, Elem>, unsigned(combine_blocks(p)),
+                     kCombineThreads, 0, stream, kCombineOverlap, p);
     cuda::check_launch("cuda-hopper forward_combine_kernel");
   }
 }
