@@ -99,6 +99,14 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
   }
 }
 
+// Whether the epilogue of the kernel of `Tile` and `kScores` passes O
+// through per-warp chunks (reserves_output_chunks): not under softcap,
+// whose d256 kernel ran slower with them (tile_sizes.hpp kWarpChunkOutput).
+template <class Tile, ScoreMode kScores>
+constexpr bool chunks_output() {
+  return reserves_output_chunks<Tile>() && kScores == ScoreMode::plain;
+}
+
 // A warp's chunk is [16 rows][64 bytes]; the 16-byte piece c of row r lies
 // at piece c ^ ((r >> 1) & 3). The accumulator layout writes, per 32-bit
 // store, rows g (and g + 8) at column 2 (lane % 4) of one 8-column piece:
@@ -197,7 +205,7 @@ __device__ __forceinline__ void store_split_partial(const ForwardParams& p, cons
   }
 }
 
-template <class Tile, typename Elem>
+template <class Tile, typename Elem, ScoreMode kScores>
 __device__ __forceinline__ void store_output(const ForwardParams& p, const TileCoord& tile, int tq,
                                              int wg, const ConsumerResult<Tile::kD>& r,
                                              uint32_t smem) {
@@ -211,7 +219,7 @@ __device__ __forceinline__ void store_output(const ForwardParams& p, const TileC
   }
   if (stages_output<Tile>() && p.o_by_tma)
     store_output_staged<Tile, Elem>(p, tile, wg, r, smem);
-  else if (chunks_output<Tile>() && p.o_by_16_byte_stores)
+  else if (chunks_output<Tile, kScores>() && p.o_by_16_byte_stores)
     store_output_by_warp_chunks<Tile, Elem>(p, tile, tq, wg, r, smem);
   else
     store_output_plain<Tile::kD, Elem>(p, tile, tq, wg, r);

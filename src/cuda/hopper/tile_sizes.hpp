@@ -434,10 +434,10 @@ template <class Tile>
 constexpr bool stages_output() {
   return kTmaStoreOutput && Tile::kStageOutputAllowed;
 }
-// Whether the epilogue of `Tile` passes O through per-warp chunks instead
-// (kWarpChunkOutput): 16 rows x 32 columns of 16-bit elements per warp.
+// Whether `Tile` has room for per-warp chunks of O (kWarpChunkOutput): 16
+// rows x 32 columns of 16-bit elements per warp, where it does not stage O.
 template <class Tile>
-constexpr bool chunks_output() {
+constexpr bool reserves_output_chunks() {
   return kWarpChunkOutput && !stages_output<Tile>();
 }
 constexpr int kOutChunkRows = 16;  // a warp's rows of the wgmma accumulator
@@ -449,7 +449,7 @@ constexpr uint32_t kOutChunkBytes = uint32_t(kOutChunkRows) * kOutChunkCols * kE
 // every tile starts on a swizzle-atom boundary), then the mbarriers, then
 // (atom-aligned) a tile of ones, then O's staging area: where
 // stages_output() per consumer warpgroup a K-major [64 x d] tile, where
-// chunks_output() per consumer warp one chunk (kOutChunkBytes).
+// reserves_output_chunks() per consumer warp one chunk (kOutChunkBytes).
 template <class Tile>
 struct SmemLayout {
   static constexpr int kD = Tile::kD;
@@ -479,7 +479,7 @@ struct SmemLayout {
   static constexpr uint32_t kOut = kOnes + kOnesBytes;
   static constexpr uint32_t kOutBytes =
       stages_output<Tile>() ? uint32_t(consumer_warpgroups<Tile>()) * kOutWarpgroupBytes
-      : chunks_output<Tile>()
+      : reserves_output_chunks<Tile>()
           ? uint32_t(consumer_warpgroups<Tile>()) * kWarpsPerWarpgroup * kOutChunkBytes
           : 0;
   static constexpr uint32_t kEnd = kOut + kOutBytes;
