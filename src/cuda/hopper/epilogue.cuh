@@ -28,6 +28,7 @@
 
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/consumer.cuh"
+#include "cuda/hopper/operand_layout.hpp"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
@@ -107,26 +108,13 @@ constexpr bool chunks_output() {
   return reserves_output_chunks<Tile>() && kScores == ScoreMode::plain;
 }
 
-// A warp's chunk is [16 rows][64 bytes]; the 16-byte piece c of row r lies
-// at piece c ^ ((r >> 1) & 3). The accumulator layout writes, per 32-bit
-// store, rows g (and g + 8) at column 2 (lane % 4) of one 8-column piece:
-// eight rows, the swizzle puts rows 2j and 2j + 1 on distinct piece indices
-// across j, and odd rows sit 16 banks from even ones, so the 32 words hit
-// 32 banks. A 16-byte read by 8 lanes covers rows 2j and 2j + 1 whole: 128
-// contiguous bytes.
-constexpr int kOutPieceBytes = 16;
-__device__ __forceinline__ uint32_t out_chunk_offset(int row, int piece) {
-  return uint32_t(row) * (kOutChunkCols * kElemBytes) +
-         uint32_t(piece ^ ((row >> 1) & 3)) * kOutPieceBytes;
-}
-
 template <class Tile, typename Elem>
 __device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams& p,
                                                             const TileCoord& tile, int tq, int wg,
                                                             const ConsumerResult<Tile::kD>& r,
                                                             uint32_t smem) {
   constexpr int kD = Tile::kD;
-  constexpr int kPiecesPerRow = kOutChunkCols * kElemBytes / kOutPieceBytes;  // 4
+  constexpr int kPiecesPerRow = kOutChunkCols * kElemBytes / flash::kChunkBytes;  // 4
   constexpr int kBlocksPerChunk = kOutChunkCols / 8;  // 8-column accumulator blocks
   constexpr int kReadsPerLane = kOutChunkRows * kPiecesPerRow / kWarpSize;  // 2
   static_assert(kPiecesPerRow == 4 && kD % kOutChunkCols == 0, "chunk swizzle assumes 4 pieces");

@@ -169,11 +169,18 @@ constexpr bool kTmaStoreOutput = true;
 // chunk of shared memory of its own, 32 columns at a time, so that they
 // leave as 16-byte stores, 64 contiguous bytes per row and quad, in place
 // of the 32-bit stores above; where o's rows are 16-byte aligned
-// (ForwardParams::o_by_16_byte_stores). The cost it attacks, measured on
-// the H200 by never taking the store (its code kept behind a branch the
-// kernel cannot prove dead; wrong results; fwd TFLOP/s, two builds each,
+// (ForwardParams::o_by_16_byte_stores), and not under softcap
+// (epilogue.cuh chunks_output). The cost it attacks, measured on the H200
+// by never taking the store (its code kept behind a branch the kernel
+// cannot prove dead; wrong results; fwd TFLOP/s, two builds each,
 // thirty-fifth session): d256 causal B4 T4k 661 / 720 (8.9%), against
-// 1.0% at d128 T4k and T16k (617 / 623, 616 / 621) where O goes by TMA.
+// 1.0% at d128 T4k and T16k where O goes by TMA. Chunks / 32-bit stores
+// (two calls, two builds each): d256 causal B4 T4k 687, 686, 689, 692 /
+// 652, 655, 657, 660; d256 non-causal 749, 749 / 731, 688; wide d128
+// non-causal 617, 611 / 588, 614 (within the spread). Under softcap the
+// d256 window 4096 softcap 50 kernel ran slower with chunks (559-578
+// against 578-625), and d128 wide softcap 30 480, 480 against 483, 493:
+// its kernels keep the 32-bit stores (630, 632 in that form).
 constexpr bool kWarpChunkOutput = true;
 // kKvGroupedOrder: the work tiles of problems with neither causal mask nor
 // window (all equally long) run in tile_order.hpp's kv-grouped order,
