@@ -180,7 +180,8 @@ constexpr bool kTmaStoreOutput = true;
 // non-causal 617, 611 / 588, 614 (within the spread). Under softcap the
 // d256 window 4096 softcap 50 kernel ran slower with chunks (559-578
 // against 578-625), and d128 wide softcap 30 480, 480 against 483, 493:
-// its kernels keep the 32-bit stores (630, 632 in that form).
+// its kernels keep the 32-bit stores (in that form d256 630, 632; d128
+// wide softcap 30 486, 485).
 constexpr bool kWarpChunkOutput = true;
 // kKvGroupedOrder: the work tiles of problems with neither causal mask nor
 // window (all equally long) run in tile_order.hpp's kv-grouped order,
