@@ -17,6 +17,9 @@ namespace {
 
 using gqattn::hopper::a_fragment_ldmatrix_offset;
 using gqattn::hopper::k_major_offset;
+using gqattn::hopper::kOutChunkBytes;
+using gqattn::hopper::kOutChunkRows;
+using gqattn::hopper::out_chunk_offset;
 
 constexpr int kRows = 128;  // the forward's kBlockM
 
@@ -80,6 +83,48 @@ TEST(HopperOperandLayout, LdmatrixRowsAreAligned16ByteChunks) {
         for (int e = 0; e < 8; ++e)
           EXPECT_EQ(k_major_offset(row, col0 + e, kRows), at + uint32_t(2 * e));
       }
+}
+
+// The epilogue's per-warp chunk of O (out_chunk_offset, epilogue.cuh
+// store_output_by_warp_chunks): every (row, piece) has its own aligned 16
+// bytes inside the chunk; the accumulator's 32-bit stores (lane: row
+// lane / 4 + 8 half, column 2 (lane % 4) of piece j) hit 32 distinct
+// banks per instruction; and the 16-byte reads (lane: row 8 k + lane / 4,
+// piece lane % 4), served 8 lanes at a time, hit 32 distinct banks per 8
+// lanes.
+TEST(HopperOperandLayout, OutputChunkIsABijectionWithoutBankConflicts) {
+  constexpr int kPieces = 4, kBanks = 32, kWordBytes = 4;
+  std::vector<int> owner(kOutChunkBytes / 16, -1);
+  for (int row = 0; row < kOutChunkRows; ++row)
+    for (int piece = 0; piece < kPieces; ++piece) {
+      const uint32_t at = out_chunk_offset(row, piece);
+      ASSERT_EQ(at % 16, 0u);
+      ASSERT_LT(at, kOutChunkBytes);
+      ASSERT_EQ(owner[at / 16], -1) << "row " << row << " piece " << piece;
+      owner[at / 16] = row * kPieces + piece;
+    }
+  for (int half = 0; half < 2; ++half)
+    for (int piece = 0; piece < kPieces; ++piece) {
+      std::vector<bool> bank(kBanks, false);
+      for (int lane = 0; lane < 32; ++lane) {
+        const uint32_t at = out_chunk_offset(lane / 4 + 8 * half, piece) + uint32_t(lane % 4) * 4;
+        const uint32_t b = at / kWordBytes % kBanks;
+        EXPECT_FALSE(bank[b]) << "write: half " << half << " piece " << piece << " lane " << lane;
+        bank[b] = true;
+      }
+    }
+  for (int k = 0; k < 2; ++k)
+    for (int phase = 0; phase < 4; ++phase) {
+      std::vector<bool> bank(kBanks, false);
+      for (int lane = 8 * phase; lane < 8 * phase + 8; ++lane) {
+        const uint32_t at = out_chunk_offset(8 * k + lane / 4, lane % 4);
+        for (uint32_t w = 0; w < 4; ++w) {
+          const uint32_t b = (at / kWordBytes + w) % kBanks;
+          EXPECT_FALSE(bank[b]) << "read: k " << k << " lane " << lane;
+          bank[b] = true;
+        }
+      }
+    }
 }
 
 }  // namespace

@@ -19,7 +19,7 @@
 // above and below Tq.
 // Packed GQA (pack_gqa.hpp: Tq short of a tile, the rows of a tile the
 // query heads of one kv head): cases listed at the end of cases(), and the
-// plain O stores of packed rows in StrideTmaCannotStoreGivesTheSameBits.
+// plain O stores of packed rows in UnalignedOutputStrideGivesTheSameBits.
 // With tile_sizes.hpp's kMulticastKV on (the default), d128 without
 // softcap and with an even number of query heads per kv head runs in 2-CTA
 // clusters that multicast K/V: among them one-query-tile, many-tile (more work tiles than resident
@@ -31,8 +31,9 @@
 // included), each against the oracle and for determinism.
 // Also: a stride TMA cannot use is refused naming the tensor (the
 // backward, d 64/128/256, is tests/gpu/test_hopper_backward.cpp); an o
-// stride TMA cannot store takes the epilogue's plain stores and gives the
-// same bits; an odd o stride is refused. Every
+// stride that neither TMA nor 16-byte stores can write takes the
+// epilogue's plain stores and gives the same bits; an odd o stride is
+// refused. Every
 // case skips, saying why, where cuda-hopper cannot run (no device, not
 // sm_90, no sm_90a code in the build).
 #include <gtest/gtest.h>
@@ -364,30 +365,36 @@ TEST(HopperSupport, MisalignedStrideNamesTheTensor) {
   for (uint16_t bits : t.o.download<uint16_t>()) ASSERT_EQ(bits, 0xFFFFu);
 }
 
-// An o row stride of H*d + 2 elements (4-byte pieces, not 16-byte ones): TMA
-// cannot store it, so the epilogue takes its plain 32-bit stores instead of
-// the staged TMA store (tile_sizes.hpp kTmaStoreOutput); it must give the
-// same bits as packed o and leave the gaps between rows alone. d64 and d128
-// (the tiles that stage O), causal, GQA 2 (d128: the multicast kernel),
-// Tq not a multiple of the 64-row stores; and packed GQA tiles
-// (pack_gqa.hpp: Tq 5 and 33 with G 4 and 8, whose rows are (query, head)
-// pairs: each row's own head and query in the plain stores).
-TEST(HopperForwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
+// An o row stride of H*d + 2 elements (4-byte pieces, not 16-byte ones):
+// neither TMA nor 16-byte stores can write it, so the epilogue takes its
+// plain 32-bit stores instead of the staged TMA store (tile_sizes.hpp
+// kTmaStoreOutput: d64, d128 causal) or the per-warp chunks
+// (kWarpChunkOutput: d256, the wide d128 tile of non-causal problems); it
+// must give the same bits as packed o and leave the gaps between rows
+// alone. Causal GQA 2 (d128: the multicast kernel), Tq not a multiple of
+// the 64-row stores; and packed GQA tiles (pack_gqa.hpp: Tq 5 and 33 with G
+// 4 and 8, whose rows are (query, head) pairs: each row's own head and
+// query in the plain stores).
+TEST(HopperForwardOutput, UnalignedOutputStrideGivesTheSameBits) {
   struct Shape {
     int64_t d, Tq, Tk, H, Hkv;
+    bool causal;
   };
-  for (const Shape& s : {Shape{64, 300, 300, 4, 2}, Shape{128, 300, 300, 4, 2},
-                         Shape{128, 5, 300, 8, 2}, Shape{64, 33, 200, 16, 2}}) {
+  for (const Shape& s : {Shape{64, 300, 300, 4, 2, true}, Shape{128, 300, 300, 4, 2, true},
+                         Shape{128, 5, 300, 8, 2, true}, Shape{64, 33, 200, 16, 2, true},
+                         Shape{256, 300, 300, 4, 2, true}, Shape{256, 33, 200, 16, 2, true},
+                         Shape{128, 300, 353, 4, 2, false}, Shape{128, 5, 300, 8, 2, false}}) {
     Problem p = small_problem(s.d);
     p.B = 2;
     p.Tq = s.Tq;
     p.Tk = s.Tk;
     p.H = s.H;
     p.Hkv = s.Hkv;
+    p.causal = s.causal;
     const std::string why = why_not_hopper(p, DType::bf16);
     if (!why.empty()) GTEST_SKIP() << why;
-    SCOPED_TRACE("d = " + std::to_string(s.d) + ", Tq = " + std::to_string(s.Tq) +
-                 ", H / Hkv = " + std::to_string(s.H / s.Hkv));
+    SCOPED_TRACE("d = " + std::to_string(s.d) + ", Tq = " + std::to_string(s.Tq) + ", H / Hkv = " +
+                 std::to_string(s.H / s.Hkv) + (s.causal ? ", causal" : ", not causal"));
     Tensors t(p);
     t.q.upload(gqattn::test::random_bf16(p.B * p.Tq * p.H * p.d, kSeed));
     t.k.upload(gqattn::test::random_bf16(p.B * p.Tk * p.Hkv * p.d, kSeed + 1));

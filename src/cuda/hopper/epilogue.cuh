@@ -8,6 +8,11 @@
 //   first thread stores them by TMA, which clips rows past Tq; the
 //   consumers go on at once, and only the next tile's epilogue waits until
 //   the copy has read the staging area;
+// - by warp chunks (tile_sizes.hpp kWarpChunkOutput, where the tile has no
+//   room to stage O and ForwardParams::o_by_16_byte_stores): each warp
+//   writes 32 columns of its 16 rows into its own 1 KB of shared memory and
+//   reads them back as 16-byte pieces, four lanes per 64-byte row segment,
+//   which it stores; rows past Tq are not written;
 // - plain: 32-bit stores from registers, two columns each; rows past Tq are
 //   not written.
 // Packed GQA (pack_gqa.hpp): row r of the tile is query r >> pack_shift of
@@ -23,6 +28,7 @@
 
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/consumer.cuh"
+#include "cuda/hopper/operand_layout.hpp"
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
@@ -94,6 +100,72 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
   }
 }
 
+// Whether the epilogue of the kernel of `Tile` and `kScores` passes O
+// through per-warp chunks (reserves_output_chunks): not under softcap,
+// whose d256 kernel ran slower with them (tile_sizes.hpp kWarpChunkOutput).
+template <class Tile, ScoreMode kScores>
+constexpr bool chunks_output() {
+  return reserves_output_chunks<Tile>() && kScores == ScoreMode::plain;
+}
+
+template <class Tile, typename Elem>
+__device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams& p,
+                                                            const TileCoord& tile, int tq, int wg,
+                                                            const ConsumerResult<Tile::kD>& r,
+                                                            uint32_t smem) {
+  constexpr int kD = Tile::kD;
+  constexpr int kPiecesPerRow = kOutChunkCols * kElemBytes / flash::kChunkBytes;  // 4
+  constexpr int kBlocksPerChunk = kOutChunkCols / 8;  // 8-column accumulator blocks
+  constexpr int kReadsPerLane = kOutChunkRows * kPiecesPerRow / kWarpSize;  // 2
+  static_assert(kPiecesPerRow == 4 && kD % kOutChunkCols == 0, "chunk swizzle assumes 4 pieces");
+  using L = SmemLayout<Tile>;
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
+  const uint32_t chunk = smem + L::kOut + uint32_t(wg * kWarpsPerWarpgroup + warp) * kOutChunkBytes;
+  const int warp_row0 = tile.m0 + wg * kWgmmaM + warp * flash::kMmaM;
+  // The rows this lane stores (fixed for every chunk): piece lane % 4 of
+  // rows lane / 4 and lane / 4 + 8.
+  Elem* o_rows[kReadsPerLane];
+  const int piece = lane % kPiecesPerRow;
+#pragma unroll
+  for (int k = 0; k < kReadsPerLane; ++k) {
+    const RowTarget at =
+        row_target(p, tile, warp_row0 + k * kWarpSize / kPiecesPerRow + lane / kPiecesPerRow);
+    o_rows[k] = at.query < tq ? static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch +
+                                    int64_t(at.head) * p.o_stride.head +
+                                    int64_t(at.query) * p.o_stride.row + piece * 8
+                              : nullptr;
+  }
+  const int col0 = flash::frag_col(lane);
+#pragma unroll
+  for (int c = 0; c < kD / kOutChunkCols; ++c) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = flash::frag_row(lane) + half * flash::kFragRowHalf;
+#pragma unroll
+      for (int j = 0; j < kBlocksPerChunk; ++j) {
+        const int i = c * kBlocksPerChunk + j;
+        const uint32_t addr = chunk + out_chunk_offset(row, j) + uint32_t(col0) * kElemBytes;
+        const uint32_t pair = flash::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kReadsPerLane; ++k) {
+      const int row = k * kWarpSize / kPiecesPerRow + lane / kPiecesPerRow;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(chunk + out_chunk_offset(row, piece))
+                   : "memory");
+      if (o_rows[k] != nullptr) *reinterpret_cast<uint4*>(o_rows[k] + c * kOutChunkCols) = v;
+    }
+    // Every lane has read the chunk before the next one overwrites it.
+    __syncwarp();
+  }
+}
+
 // Split-KV (split_kv.hpp): the task's rows, normalised over its range of
 // key tiles, as f32 O and lse into the workspace partials (ForwardParams
 // o_part, lse_part) that forward_combine.cuh merges into o and lse. A row
@@ -121,7 +193,7 @@ __device__ __forceinline__ void store_split_partial(const ForwardParams& p, cons
   }
 }
 
-template <class Tile, typename Elem>
+template <class Tile, typename Elem, ScoreMode kScores>
 __device__ __forceinline__ void store_output(const ForwardParams& p, const TileCoord& tile, int tq,
                                              int wg, const ConsumerResult<Tile::kD>& r,
                                              uint32_t smem) {
@@ -135,6 +207,8 @@ __device__ __forceinline__ void store_output(const ForwardParams& p, const TileC
   }
   if (stages_output<Tile>() && p.o_by_tma)
     store_output_staged<Tile, Elem>(p, tile, wg, r, smem);
+  else if (chunks_output<Tile, kScores>() && p.o_by_16_byte_stores)
+    store_output_by_warp_chunks<Tile, Elem>(p, tile, tq, wg, r, smem);
   else
     store_output_plain<Tile::kD, Elem>(p, tile, tq, wg, r);
 

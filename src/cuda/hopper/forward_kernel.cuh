@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(forward_threads<Tile>(), 1)
     const TileCoord tile = tile_coord<Tile>(p, mask, int(schedule.index(t)));
     ConsumerResult<kD> result;
     consume<Tile, Elem, kScores, kCluster>(p, tile, mask, smem, wg, t, kv_base, pp, result);
-    store_output<Tile, Elem>(p, tile, mask.tq, wg, result, smem);
+    store_output<Tile, Elem, kScores>(p, tile, mask.tq, wg, result, smem);
     kv_base += max(0, tile.keys.last - tile.keys.first + 1);
   }
   pp.drain();

@@ -145,6 +145,7 @@ class CudaHopperBackend final : public BackendImpl {
     p.o_by_tma = hopper::why_not_tma(a.o, "o").empty();
     if (p.o_by_tma)
       p.o_map = hopper::make_tile_map(a.o, hopper::kWgmmaM / heads_per_box, "o", heads_per_box);
+    p.o_by_16_byte_stores = why_misaligned(a.o, "o", kChunkBytes, "16-byte stores").empty();
     p.o = a.o.data;
     p.o_stride = flash::row_strides(a.o);
     p.lse = static_cast<float*>(a.lse.data);

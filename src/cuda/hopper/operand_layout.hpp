@@ -10,6 +10,8 @@
 // b * rows * 128); within a 1024-byte atom of 8 rows, 16-byte chunk c of row
 // r sits at chunk c ^ (r % 8) (the tile is 1024-byte aligned, so r % 8 is
 // the row's position in its atom).
+// Also the layout of the epilogue's per-warp chunks of O (out_chunk_offset,
+// tile_sizes.hpp kWarpChunkOutput), checked by the same test.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +50,20 @@ GQATTN_FLASH_HD uint32_t a_fragment_ldmatrix_offset(int kk, int warp, int lane, 
   const int chunk = (kk % kStepsPerBlock * 2 + matrix / 2) ^ row_in_matrix;
   return uint32_t(kk / kStepsPerBlock * rows * kSwizzleBytes + row * kSwizzleBytes +
                   chunk * flash::kChunkBytes);
+}
+
+// Byte offset of 16-byte piece `piece` (columns 8 piece .. 8 piece + 7) of
+// row `row` in a warp's chunk of O, [kOutChunkRows][kOutChunkCols] 16-bit
+// elements (epilogue.cuh store_output_by_warp_chunks): piece p of row r
+// sits at piece p ^ ((r / 2) % 4). The accumulator layout writes, per
+// 32-bit store, rows g (and g + 8) at column 2 (lane % 4) of one piece:
+// rows 2j and 2j + 1 land on distinct pieces across j, odd rows 16 banks
+// from even ones, so the 32 words hit 32 banks; a 16-byte read by 8 lanes
+// (rows 2j, 2j + 1 whole) covers 128 contiguous bytes.
+GQATTN_FLASH_HD uint32_t out_chunk_offset(int row, int piece) {
+  static_assert(kOutChunkCols * kElemBytes / flash::kChunkBytes == 4, "the swizzle takes 4 pieces");
+  return uint32_t(row) * (kOutChunkCols * kElemBytes) +
+         uint32_t(piece ^ ((row >> 1) & 3)) * flash::kChunkBytes;
 }
 
 }  // namespace gqattn::hopper

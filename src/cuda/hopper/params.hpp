@@ -32,6 +32,10 @@ struct ForwardParams {
   // else by plain stores through the pointer and strides.
   CUtensorMap o_map;
   bool o_by_tma = false;
+  // Every row of o starts 16-byte aligned: the epilogue may store O in
+  // 16-byte pieces where the tile passes it through per-warp chunks
+  // (tile_sizes.hpp kWarpChunkOutput), else two elements per 32-bit store.
+  bool o_by_16_byte_stores = false;
   void* o = nullptr;
   RowStrides o_stride;
   float* lse = nullptr;  // may be null: then lse is not written

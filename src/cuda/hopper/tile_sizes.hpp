@@ -164,6 +164,25 @@ constexpr bool kMulticastKV = true;
 // / 627, d64 T4k 402 / 400: short rows pay most (an epilogue per 4-9 key
 // tiles).
 constexpr bool kTmaStoreOutput = true;
+// kWarpChunkOutput: where a tile has no room to stage O for TMA (the wide
+// d128 tile, d256), each consumer warp passes its 16 rows through a 1 KB
+// chunk of shared memory of its own, 32 columns at a time, so that they
+// leave as 16-byte stores, 64 contiguous bytes per row and quad, in place
+// of the 32-bit stores above; where o's rows are 16-byte aligned
+// (ForwardParams::o_by_16_byte_stores), and not under softcap
+// (epilogue.cuh chunks_output). The cost it attacks, measured on the H200
+// by never taking the store (its code kept behind a branch the kernel
+// cannot prove dead; wrong results; fwd TFLOP/s, two builds each,
+// thirty-fifth session): d256 causal B4 T4k 661 / 720 (8.9%), against
+// 1.0% at d128 T4k and T16k where O goes by TMA. Chunks / 32-bit stores
+// (two calls, two builds each): d256 causal B4 T4k 687, 686, 689, 692 /
+// 652, 655, 657, 660; d256 non-causal 749, 749 / 731, 688; wide d128
+// non-causal 617, 611 / 588, 614 (within the spread). Under softcap the
+// d256 window 4096 softcap 50 kernel ran slower with chunks (559-578
+// against 578-625), and d128 wide softcap 30 480, 480 against 483, 493:
+// its kernels keep the 32-bit stores (in that form d256 630, 632; d128
+// wide softcap 30 486, 485).
+constexpr bool kWarpChunkOutput = true;
 // kKvGroupedOrder: the work tiles of problems with neither causal mask nor
 // window (all equally long) run in tile_order.hpp's kv-grouped order,
 // ForwardTile::kKvGroupPairs (batch, kv head) pairs at a time, so that the
@@ -423,12 +442,22 @@ template <class Tile>
 constexpr bool stages_output() {
   return kTmaStoreOutput && Tile::kStageOutputAllowed;
 }
+// Whether `Tile` has room for per-warp chunks of O (kWarpChunkOutput): 16
+// rows x 32 columns of 16-bit elements per warp, where it does not stage O.
+template <class Tile>
+constexpr bool reserves_output_chunks() {
+  return kWarpChunkOutput && !stages_output<Tile>();
+}
+constexpr int kOutChunkRows = 16;  // a warp's rows of the wgmma accumulator
+constexpr int kOutChunkCols = 32;  // 64 bytes per row: two full 32-byte sectors
+constexpr uint32_t kOutChunkBytes = uint32_t(kOutChunkRows) * kOutChunkCols * kElemBytes;
 
 // Byte offsets of one CTA's shared memory, from a 1024-byte aligned base:
 // Q, then kStages K slots, then kStages V slots (each slot a whole tile, so
 // every tile starts on a swizzle-atom boundary), then the mbarriers, then
-// (atom-aligned) a tile of ones, then (where stages_output()) O's staging
-// area: per consumer warpgroup a K-major [64 x d] tile.
+// (atom-aligned) a tile of ones, then O's staging area: where
+// stages_output() per consumer warpgroup a K-major [64 x d] tile, where
+// reserves_output_chunks() per consumer warp one chunk (kOutChunkBytes).
 template <class Tile>
 struct SmemLayout {
   static constexpr int kD = Tile::kD;
@@ -457,7 +486,10 @@ struct SmemLayout {
   static constexpr uint32_t kOutWarpgroupBytes = uint32_t(kWgmmaM) * kD * kElemBytes;
   static constexpr uint32_t kOut = kOnes + kOnesBytes;
   static constexpr uint32_t kOutBytes =
-      stages_output<Tile>() ? uint32_t(consumer_warpgroups<Tile>()) * kOutWarpgroupBytes : 0;
+      stages_output<Tile>() ? uint32_t(consumer_warpgroups<Tile>()) * kOutWarpgroupBytes
+      : reserves_output_chunks<Tile>()
+          ? uint32_t(consumer_warpgroups<Tile>()) * kWarpsPerWarpgroup * kOutChunkBytes
+          : 0;
   static constexpr uint32_t kEnd = kOut + kOutBytes;
   // Dynamic shared memory is only guaranteed 16-byte aligned: ask for one
   // atom more and round the base up.
@@ -485,8 +517,9 @@ constexpr std::size_t forward_smem_bytes() {
 }
 // Under the H100/H200 opt-in of 227 KB: 128 x 128 d128: 160 KB + barriers
 // + 2 KB of ones + 32 KB of O staging; 128 x 176: Q 32 KB + 2 x 44 KB K +
-// 2 x 44 KB V = 208 KB + barriers + ones; d256: Q 64 KB + 2 x 32 KB K + 2
-// x 32 KB V = 192 KB + barriers + ones.
+// 2 x 44 KB V = 208 KB + barriers + ones + 8 KB of O chunks (of 16 KB
+// left: hence 32-column chunks); d256: Q 64 KB + 2 x 32 KB K + 2 x 32 KB
+// V = 192 KB + barriers + ones + 8 KB of O chunks.
 constexpr std::size_t kSm90SmemOptinBytes = 227 * 1024;
 static_assert(forward_smem_bytes<ForwardTile<64>>() <= kSm90SmemOptinBytes &&
                   forward_smem_bytes<ForwardTile<64, TileShape::kTall>>() <= kSm90SmemOptinBytes &&
