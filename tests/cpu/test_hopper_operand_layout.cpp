@@ -16,6 +16,7 @@
 namespace {
 
 using gqattn::hopper::a_fragment_ldmatrix_offset;
+using gqattn::hopper::accumulator_stmatrix_offset;
 using gqattn::hopper::k_major_offset;
 using gqattn::hopper::kOutChunkBytes;
 using gqattn::hopper::kOutChunkRows;
@@ -82,6 +83,32 @@ TEST(HopperOperandLayout, LdmatrixRowsAreAligned16ByteChunks) {
         const int col0 = 16 * kk + 8 * (lane / 16);
         for (int e = 0; e < 8; ++e)
           EXPECT_EQ(k_major_offset(row, col0 + e, kRows), at + uint32_t(2 * e));
+      }
+}
+
+// stage_rows's stmatrix.x4 (kStmatrixStaging), simulated: register m of
+// thread t goes to row t / 4 of matrix m, at the row address that lane
+// 8 m + t / 4 supplies, 4 (t % 4) bytes in. Each thread's pair of the wgmma
+// accumulator (block i, rows g and g + 8, columns 8 i + 2 (t % 4), + 1) must
+// land where the K-major layout puts that row and column, as the 32-bit
+// stores put it; the row addresses must be 16-byte aligned.
+TEST(HopperOperandLayout, AccumulatorStmatrixPutsEachPairAtItsKMajorPlace) {
+  constexpr int kTileRows = 64;  // a warpgroup's staging tile
+  for (int cols : {64, 128, 256})
+    for (int warp = 0; warp < 4; ++warp)
+      for (int block = 0; block < cols / 8; block += 2) {
+        for (int lane = 0; lane < 32; ++lane)
+          ASSERT_EQ(accumulator_stmatrix_offset(block, warp, lane, kTileRows) % 16, 0u);
+        for (int t = 0; t < 32; ++t)
+          for (int m = 0; m < 4; ++m) {
+            const uint32_t got =
+                accumulator_stmatrix_offset(block, warp, 8 * m + t / 4, kTileRows) + 4 * (t % 4);
+            const int row = 16 * warp + t / 4 + 8 * (m % 2);
+            const int col = 8 * (block + m / 2) + 2 * (t % 4);
+            ASSERT_EQ(got, k_major_offset(row, col, kTileRows))
+                << "cols " << cols << " warp " << warp << " block " << block << " thread " << t
+                << " register " << m;
+          }
       }
 }
 
