@@ -79,6 +79,14 @@ __device__ __forceinline__ RowTarget row_target(const ForwardParams& p, const Ti
   return {row >> shift, tile.h + (row & ((1 << shift) - 1))};
 }
 
+// The first element of O's row `at` in batch tile.b.
+template <typename Elem>
+__device__ __forceinline__ Elem* output_row(const ForwardParams& p, const TileCoord& tile,
+                                            RowTarget at) {
+  return static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch + int64_t(at.head) * p.o_stride.head +
+         int64_t(at.query) * p.o_stride.row;
+}
+
 template <int kD, typename Elem>
 __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const TileCoord& tile,
                                                    int tq, int wg, const ConsumerResult<kD>& r) {
@@ -86,13 +94,11 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
   const int row0 = tile.m0 + wg * kWgmmaM + warp * flash::kMmaM + flash::frag_row(lane);
   const int col0 = flash::frag_col(lane);
-  Elem* o = static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const RowTarget at = row_target(p, tile, row0 + half * flash::kFragRowHalf);
     if (at.query >= tq) continue;
-    Elem* o_row =
-        o + int64_t(at.head) * p.o_stride.head + int64_t(at.query) * p.o_stride.row + col0;
+    Elem* o_row = output_row<Elem>(p, tile, at) + col0;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
       *reinterpret_cast<uint32_t*>(o_row + i * 8) =
@@ -131,10 +137,7 @@ __device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams&
   for (int k = 0; k < kReadsPerLane; ++k) {
     const RowTarget at =
         row_target(p, tile, warp_row0 + k * kWarpSize / kPiecesPerRow + lane / kPiecesPerRow);
-    o_rows[k] = at.query < tq ? static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch +
-                                    int64_t(at.head) * p.o_stride.head +
-                                    int64_t(at.query) * p.o_stride.row + piece * 8
-                              : nullptr;
+    o_rows[k] = at.query < tq ? output_row<Elem>(p, tile, at) + piece * 8 : nullptr;
   }
   const int col0 = flash::frag_col(lane);
 #pragma unroll
