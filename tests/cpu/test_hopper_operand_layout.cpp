@@ -17,6 +17,7 @@ namespace {
 
 using gqattn::hopper::a_fragment_ldmatrix_offset;
 using gqattn::hopper::accumulator_stmatrix_offset;
+using gqattn::hopper::chunk_stmatrix_offset;
 using gqattn::hopper::k_major_offset;
 using gqattn::hopper::kOutChunkBytes;
 using gqattn::hopper::kOutChunkRows;
@@ -110,6 +111,32 @@ TEST(HopperOperandLayout, AccumulatorStmatrixPutsEachPairAtItsKMajorPlace) {
                 << " register " << m;
           }
       }
+}
+
+// store_output_by_warp_chunks's stmatrix.x4 (kStmatrixStaging), simulated
+// as above: each thread's pair (piece j, rows t / 4 and t / 4 + 8, columns
+// 2 (t % 4), + 1 of the piece) must land where the 32-bit stores put it,
+// out_chunk_offset(row, j) + 4 (t % 4); and each matrix's 8 row addresses
+// must take 8 distinct 16-byte bank groups.
+TEST(HopperOperandLayout, ChunkStmatrixPutsEachPairWhereThe32BitStoresDo) {
+  constexpr int kPieces = 4;
+  for (int piece = 0; piece < kPieces; piece += 2) {
+    for (int t = 0; t < 32; ++t)
+      for (int m = 0; m < 4; ++m) {
+        const uint32_t got = chunk_stmatrix_offset(piece, 8 * m + t / 4) + 4 * (t % 4);
+        const uint32_t want = out_chunk_offset(t / 4 + 8 * (m % 2), piece + m / 2) + 4 * (t % 4);
+        ASSERT_EQ(got, want) << "piece " << piece << " thread " << t << " register " << m;
+      }
+    for (int m = 0; m < 4; ++m) {
+      std::vector<bool> group(8, false);
+      for (int lane = 8 * m; lane < 8 * m + 8; ++lane) {
+        const uint32_t at = chunk_stmatrix_offset(piece, lane);
+        ASSERT_EQ(at % 16, 0u);
+        EXPECT_FALSE(group[at / 16 % 8]) << "piece " << piece << " lane " << lane;
+        group[at / 16 % 8] = true;
+      }
+    }
+  }
 }
 
 // The epilogue's per-warp chunk of O (out_chunk_offset, epilogue.cuh

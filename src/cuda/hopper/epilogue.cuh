@@ -10,8 +10,9 @@
 //   the copy has read the staging area;
 // - by warp chunks (tile_sizes.hpp kWarpChunkOutput, where the tile has no
 //   room to stage O and ForwardParams::o_by_16_byte_stores): each warp
-//   writes 32 columns of its 16 rows into its own 1 KB of shared memory and
-//   reads them back as 16-byte pieces, four lanes per 64-byte row segment,
+//   writes 32 columns of its 16 rows into its own 1 KB of shared memory
+//   (by stmatrix.x4 with kStmatrixStaging, else 32-bit stores) and reads
+//   them back as 16-byte pieces, four lanes per 64-byte row segment,
 //   which it stores; rows past Tq are not written;
 // - plain: 32-bit stores from registers, two columns each; rows past Tq are
 //   not written.
@@ -139,18 +140,33 @@ __device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams&
         row_target(p, tile, warp_row0 + k * kWarpSize / kPiecesPerRow + lane / kPiecesPerRow);
     o_rows[k] = at.query < tq ? output_row<Elem>(p, tile, at) + piece * 8 : nullptr;
   }
-  const int col0 = flash::frag_col(lane);
 #pragma unroll
   for (int c = 0; c < kD / kOutChunkCols; ++c) {
+    if constexpr (kStmatrixStaging) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = flash::frag_row(lane) + half * flash::kFragRowHalf;
-#pragma unroll
-      for (int j = 0; j < kBlocksPerChunk; ++j) {
+      for (int j = 0; j < kBlocksPerChunk; j += 2) {
         const int i = c * kBlocksPerChunk + j;
-        const uint32_t addr = chunk + out_chunk_offset(row, j) + uint32_t(col0) * kElemBytes;
-        const uint32_t pair = flash::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
+        const auto& a = r.o[0];
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         chunk + chunk_stmatrix_offset(j, lane)),
+                     "r"(flash::pack2<Elem>(a[i][0], a[i][1])),
+                     "r"(flash::pack2<Elem>(a[i][2], a[i][3])),
+                     "r"(flash::pack2<Elem>(a[i + 1][0], a[i + 1][1])),
+                     "r"(flash::pack2<Elem>(a[i + 1][2], a[i + 1][3]))
+                     : "memory");
+      }
+    } else {
+      const int col0 = flash::frag_col(lane);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = flash::frag_row(lane) + half * flash::kFragRowHalf;
+#pragma unroll
+        for (int j = 0; j < kBlocksPerChunk; ++j) {
+          const int i = c * kBlocksPerChunk + j;
+          const uint32_t addr = chunk + out_chunk_offset(row, j) + uint32_t(col0) * kElemBytes;
+          const uint32_t pair = flash::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
+        }
       }
     }
     __syncwarp();

@@ -80,4 +80,16 @@ GQATTN_FLASH_HD uint32_t out_chunk_offset(int row, int piece) {
          uint32_t(piece ^ ((row >> 1) & 3)) * flash::kChunkBytes;
 }
 
+// The stmatrix.x4 destination of `lane` for pieces `piece` and piece + 1
+// of a warp's chunk of O (epilogue.cuh store_output_by_warp_chunks, with
+// kStmatrixStaging): matrix m = lane / 8 is rows 8 (m % 2) .. + 7 of piece
+// piece + m / 2, lane providing row lane % 8, as in
+// accumulator_stmatrix_offset. A matrix's 8 rows take 8 distinct 16-byte
+// bank groups (rows r and r + 1 differ by 64 bytes, (r / 2) % 4 by the
+// swizzle): no bank conflict.
+GQATTN_FLASH_HD uint32_t chunk_stmatrix_offset(int piece, int lane) {
+  const int matrix = lane / 8;
+  return out_chunk_offset(matrix % 2 * 8 + lane % 8, piece + matrix / 2);
+}
+
 }  // namespace gqattn::hopper

@@ -165,10 +165,12 @@ constexpr bool kMulticastKV = true;
 // tiles).
 constexpr bool kTmaStoreOutput = true;
 // kStmatrixStaging: the staged epilogues (this O staging, the backward's
-// staged dK, dV, dQ) write the rounded accumulator into shared memory with
-// stmatrix.x4, four 8 x 8 matrices per instruction (staged_store.cuh
-// stage_rows), instead of one 32-bit store per pair: a quarter of the
-// instructions. The same bytes at the same places. Not yet measured.
+// staged dK, dV, dQ) and O's per-warp chunks (kWarpChunkOutput) write the
+// rounded accumulator into shared memory with stmatrix.x4, four 8 x 8
+// matrices per instruction (staged_store.cuh stage_rows, epilogue.cuh
+// store_output_by_warp_chunks), instead of one 32-bit store per pair: a
+// quarter of the instructions. The same bytes at the same places. Not yet
+// measured.
 constexpr bool kStmatrixStaging = true;
 // kWarpChunkOutput: where a tile has no room to stage O for TMA (the wide
 // d128 tile, d256), each consumer warp passes its 16 rows through a 1 KB
