@@ -59,7 +59,7 @@ __device__ __forceinline__ void store_output_staged(const ForwardParams& p, cons
   if (issuer) ptx::bulk_wait_read_all();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
 
-  stage_rows<kD, Elem>(staging, r.o[0], 1.0f);
+  stage_rows<kD, Elem, kStmatrixStaging>(staging, r.o[0], 1.0f);
   // Every thread's writes, then the barrier, then the copy reads them.
   ptx::fence_proxy_async_shared();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);

@@ -29,19 +29,21 @@ __device__ __forceinline__ bool staged_store_issuer() {
 }
 
 // This thread's part of acc * mult (the wgmma accumulator layout), rounded,
-// into the tile at `staging` (1024-byte aligned). With kStmatrixStaging one
+// into the tile at `staging` (1024-byte aligned). With kByStmatrix one
 // stmatrix.x4 per two 8-column blocks (operand_layout.hpp
 // accumulator_stmatrix_offset): each of its four 8 x 8 matrices is 8 rows
 // of one 16-byte chunk, which the swizzle puts on 8 distinct chunk
 // positions. Otherwise one 32-bit store per block and row: per store
 // instruction the 8 rows of a warp hit 8 different 16-byte chunks (the
 // swizzle XORs the chunk with row % 8). No bank conflict either way.
-template <int kCols, typename Elem>
+// kByStmatrix: the forward passes kStmatrixStaging, the backward
+// kBwdStmatrixStaging.
+template <int kCols, typename Elem, bool kByStmatrix>
 __device__ __forceinline__ void stage_rows(uint32_t staging, const float (&acc)[kCols / 8][4],
                                            float mult) {
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
-  if constexpr (kStmatrixStaging) {
+  if constexpr (kByStmatrix) {
     static_assert(kCols % 16 == 0, "stmatrix.x4 takes two 8-column blocks");
 #pragma unroll
     for (int i = 0; i < kCols / 8; i += 2) {

@@ -164,8 +164,9 @@ constexpr bool kMulticastKV = true;
 // / 627, d64 T4k 402 / 400: short rows pay most (an epilogue per 4-9 key
 // tiles).
 constexpr bool kTmaStoreOutput = true;
-// kStmatrixStaging: the staged epilogues (this O staging, the backward's
-// staged dK, dV, dQ) and O's per-warp chunks (kWarpChunkOutput) write the
+// kStmatrixStaging: O's staging (kTmaStoreOutput) and its per-warp chunks
+// (kWarpChunkOutput; the backward's switch is backward_tile_sizes.hpp
+// kBwdStmatrixStaging) write the
 // rounded accumulator into shared memory with stmatrix.x4, four 8 x 8
 // matrices per instruction (staged_store.cuh stage_rows, epilogue.cuh
 // store_output_by_warp_chunks), instead of one 32-bit store per pair: a
