@@ -16,6 +16,8 @@
 namespace {
 
 using gqattn::hopper::a_fragment_ldmatrix_offset;
+using gqattn::hopper::accumulator_stmatrix_offset;
+using gqattn::hopper::chunk_stmatrix_offset;
 using gqattn::hopper::k_major_offset;
 using gqattn::hopper::kOutChunkBytes;
 using gqattn::hopper::kOutChunkRows;
@@ -83,6 +85,58 @@ TEST(HopperOperandLayout, LdmatrixRowsAreAligned16ByteChunks) {
         for (int e = 0; e < 8; ++e)
           EXPECT_EQ(k_major_offset(row, col0 + e, kRows), at + uint32_t(2 * e));
       }
+}
+
+// stage_rows's stmatrix.x4 (kStmatrixStaging), simulated: register m of
+// thread t goes to row t / 4 of matrix m, at the row address that lane
+// 8 m + t / 4 supplies, 4 (t % 4) bytes in. Each thread's pair of the wgmma
+// accumulator (block i, rows g and g + 8, columns 8 i + 2 (t % 4), + 1) must
+// land where the K-major layout puts that row and column, as the 32-bit
+// stores put it; the row addresses must be 16-byte aligned.
+TEST(HopperOperandLayout, AccumulatorStmatrixPutsEachPairAtItsKMajorPlace) {
+  constexpr int kTileRows = 64;  // a warpgroup's staging tile
+  for (int cols : {64, 128, 256})
+    for (int warp = 0; warp < 4; ++warp)
+      for (int block = 0; block < cols / 8; block += 2) {
+        for (int lane = 0; lane < 32; ++lane)
+          ASSERT_EQ(accumulator_stmatrix_offset(block, warp, lane, kTileRows) % 16, 0u);
+        for (int t = 0; t < 32; ++t)
+          for (int m = 0; m < 4; ++m) {
+            const uint32_t got =
+                accumulator_stmatrix_offset(block, warp, 8 * m + t / 4, kTileRows) + 4 * (t % 4);
+            const int row = 16 * warp + t / 4 + 8 * (m % 2);
+            const int col = 8 * (block + m / 2) + 2 * (t % 4);
+            ASSERT_EQ(got, k_major_offset(row, col, kTileRows))
+                << "cols " << cols << " warp " << warp << " block " << block << " thread " << t
+                << " register " << m;
+          }
+      }
+}
+
+// store_output_by_warp_chunks's stmatrix.x4 (kStmatrixStaging), simulated
+// as above: each thread's pair (piece j, rows t / 4 and t / 4 + 8, columns
+// 2 (t % 4), + 1 of the piece) must land where the 32-bit stores put it,
+// out_chunk_offset(row, j) + 4 (t % 4); and each matrix's 8 row addresses
+// must take 8 distinct 16-byte bank groups.
+TEST(HopperOperandLayout, ChunkStmatrixPutsEachPairWhereThe32BitStoresDo) {
+  constexpr int kPieces = 4;
+  for (int piece = 0; piece < kPieces; piece += 2) {
+    for (int t = 0; t < 32; ++t)
+      for (int m = 0; m < 4; ++m) {
+        const uint32_t got = chunk_stmatrix_offset(piece, 8 * m + t / 4) + 4 * (t % 4);
+        const uint32_t want = out_chunk_offset(t / 4 + 8 * (m % 2), piece + m / 2) + 4 * (t % 4);
+        ASSERT_EQ(got, want) << "piece " << piece << " thread " << t << " register " << m;
+      }
+    for (int m = 0; m < 4; ++m) {
+      std::vector<bool> group(8, false);
+      for (int lane = 8 * m; lane < 8 * m + 8; ++lane) {
+        const uint32_t at = chunk_stmatrix_offset(piece, lane);
+        ASSERT_EQ(at % 16, 0u);
+        EXPECT_FALSE(group[at / 16 % 8]) << "piece " << piece << " lane " << lane;
+        group[at / 16 % 8] = true;
+      }
+    }
+  }
 }
 
 // The epilogue's per-warp chunk of O (out_chunk_offset, epilogue.cuh

@@ -466,8 +466,8 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     const uint32_t dk_staging = smem + L::kGradStaging + uint32_t(2 * wg) * L::kGradTileBytes;
     const uint32_t dv_staging = dk_staging + L::kGradTileBytes;
     staging_acquire();
-    stage_rows<kDW, Elem>(dk_staging, dk, p.dkdq_scale);
-    stage_rows<kDW, Elem>(dv_staging, dv, 1.0f);
+    stage_rows<kDW, Elem, kBwdStmatrixStaging>(dk_staging, dk, p.dkdq_scale);
+    stage_rows<kDW, Elem, kBwdStmatrixStaging>(dv_staging, dv, 1.0f);
     staging_publish();
     if (staged_store_issuer()) {
       store_staged_tile<kDW>(&p.dk_map, dk_staging, wg_key0, col0, w.hk, w.b);

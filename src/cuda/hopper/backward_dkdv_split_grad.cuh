@@ -177,7 +177,7 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
     // Warpgroup 0 holds dV, warpgroup 1 dK, of the same 64 keys.
     const uint32_t staging = smem + L::kGradStaging + uint32_t(wg) * L::kGradTileBytes;
     staging_acquire();
-    stage_rows<kD, Elem>(staging, acc, wg == 0 ? 1.0f : p.dkdq_scale);
+    stage_rows<kD, Elem, kBwdStmatrixStaging>(staging, acc, wg == 0 ? 1.0f : p.dkdq_scale);
     staging_publish();
     if (staged_store_issuer()) {
       store_staged_tile<kD>(wg == 0 ? &p.dv_map : &p.dk_map, staging, w.n0, 0, w.hk, w.b);

@@ -260,7 +260,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   if (bwd_tma_store_gradients(kD) && p.grads_by_tma) {
     const uint32_t staging = smem + L::kGradStaging + uint32_t(wg) * L::kGradTileBytes;
     staging_acquire();
-    stage_rows<kDW, Elem>(staging, dq, p.dkdq_scale);
+    stage_rows<kDW, Elem, kBwdStmatrixStaging>(staging, dq, p.dkdq_scale);
     staging_publish();
     if (staged_store_issuer()) {
       store_staged_tile<kDW>(&p.dq_map, staging, wg_row0, col0, w.h, w.b);

@@ -71,6 +71,12 @@ constexpr int kBwdTmaStoreGradientsMinD = 128;
 constexpr bool bwd_tma_store_gradients(int d) {
   return kBwdTmaStoreGradients && d >= kBwdTmaStoreGradientsMinD;
 }
+// The staged dK, dV and dQ (kBwdTmaStoreGradients) written into shared
+// memory by stmatrix.x4 (staged_store.cuh stage_rows; the forward's switch
+// is tile_sizes.hpp kStmatrixStaging). H200 (bwd TFLOP/s, mean of three
+// runs on / six off, 100 calls each): d128 causal B16 T1k 350 / 337, T4k
+// 502 / 503, d256 causal T4k 410 / 408 (docs/hopper.md forward TODO 11).
+constexpr bool kBwdStmatrixStaging = true;
 // Ring depth of Q/dO (dK/dV kernel) and K/V (dQ kernel) for d <= 128:
 // 3 slots (shared memory allows it at one CTA per SM) instead of 2.
 constexpr bool kBwdDeepRing = true;

@@ -10,8 +10,9 @@
 //   the copy has read the staging area;
 // - by warp chunks (tile_sizes.hpp kWarpChunkOutput, where the tile has no
 //   room to stage O and ForwardParams::o_by_16_byte_stores): each warp
-//   writes 32 columns of its 16 rows into its own 1 KB of shared memory and
-//   reads them back as 16-byte pieces, four lanes per 64-byte row segment,
+//   writes 32 columns of its 16 rows into its own 1 KB of shared memory
+//   (by stmatrix.x4 with kStmatrixStaging, else 32-bit stores) and reads
+//   them back as 16-byte pieces, four lanes per 64-byte row segment,
 //   which it stores; rows past Tq are not written;
 // - plain: 32-bit stores from registers, two columns each; rows past Tq are
 //   not written.
@@ -58,7 +59,7 @@ __device__ __forceinline__ void store_output_staged(const ForwardParams& p, cons
   if (issuer) ptx::bulk_wait_read_all();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
 
-  stage_rows<kD, Elem>(staging, r.o[0], 1.0f);
+  stage_rows<kD, Elem, kStmatrixStaging>(staging, r.o[0], 1.0f);
   // Every thread's writes, then the barrier, then the copy reads them.
   ptx::fence_proxy_async_shared();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
@@ -79,6 +80,14 @@ __device__ __forceinline__ RowTarget row_target(const ForwardParams& p, const Ti
   return {row >> shift, tile.h + (row & ((1 << shift) - 1))};
 }
 
+// The first element of O's row `at` in batch tile.b.
+template <typename Elem>
+__device__ __forceinline__ Elem* output_row(const ForwardParams& p, const TileCoord& tile,
+                                            RowTarget at) {
+  return static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch + int64_t(at.head) * p.o_stride.head +
+         int64_t(at.query) * p.o_stride.row;
+}
+
 template <int kD, typename Elem>
 __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const TileCoord& tile,
                                                    int tq, int wg, const ConsumerResult<kD>& r) {
@@ -86,13 +95,11 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
   const int row0 = tile.m0 + wg * kWgmmaM + warp * flash::kMmaM + flash::frag_row(lane);
   const int col0 = flash::frag_col(lane);
-  Elem* o = static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const RowTarget at = row_target(p, tile, row0 + half * flash::kFragRowHalf);
     if (at.query >= tq) continue;
-    Elem* o_row =
-        o + int64_t(at.head) * p.o_stride.head + int64_t(at.query) * p.o_stride.row + col0;
+    Elem* o_row = output_row<Elem>(p, tile, at) + col0;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
       *reinterpret_cast<uint32_t*>(o_row + i * 8) =
@@ -131,23 +138,35 @@ __device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams&
   for (int k = 0; k < kReadsPerLane; ++k) {
     const RowTarget at =
         row_target(p, tile, warp_row0 + k * kWarpSize / kPiecesPerRow + lane / kPiecesPerRow);
-    o_rows[k] = at.query < tq ? static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch +
-                                    int64_t(at.head) * p.o_stride.head +
-                                    int64_t(at.query) * p.o_stride.row + piece * 8
-                              : nullptr;
+    o_rows[k] = at.query < tq ? output_row<Elem>(p, tile, at) + piece * 8 : nullptr;
   }
-  const int col0 = flash::frag_col(lane);
 #pragma unroll
   for (int c = 0; c < kD / kOutChunkCols; ++c) {
+    if constexpr (kStmatrixStaging) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = flash::frag_row(lane) + half * flash::kFragRowHalf;
-#pragma unroll
-      for (int j = 0; j < kBlocksPerChunk; ++j) {
+      for (int j = 0; j < kBlocksPerChunk; j += 2) {
         const int i = c * kBlocksPerChunk + j;
-        const uint32_t addr = chunk + out_chunk_offset(row, j) + uint32_t(col0) * kElemBytes;
-        const uint32_t pair = flash::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
+        const auto& a = r.o[0];
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         chunk + chunk_stmatrix_offset(j, lane)),
+                     "r"(flash::pack2<Elem>(a[i][0], a[i][1])),
+                     "r"(flash::pack2<Elem>(a[i][2], a[i][3])),
+                     "r"(flash::pack2<Elem>(a[i + 1][0], a[i + 1][1])),
+                     "r"(flash::pack2<Elem>(a[i + 1][2], a[i + 1][3]))
+                     : "memory");
+      }
+    } else {
+      const int col0 = flash::frag_col(lane);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = flash::frag_row(lane) + half * flash::kFragRowHalf;
+#pragma unroll
+        for (int j = 0; j < kBlocksPerChunk; ++j) {
+          const int i = c * kBlocksPerChunk + j;
+          const uint32_t addr = chunk + out_chunk_offset(row, j) + uint32_t(col0) * kElemBytes;
+          const uint32_t pair = flash::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
+        }
       }
     }
     __syncwarp();

@@ -52,6 +52,20 @@ GQATTN_FLASH_HD uint32_t a_fragment_ldmatrix_offset(int kk, int warp, int lane, 
                   chunk * flash::kChunkBytes);
 }
 
+// The stmatrix.x4 destination of `lane` for the accumulator's 8-column
+// blocks `block` and block + 1 of rows [16 warp, 16 warp + 16) of a K-major
+// tile of `rows` rows (staged_store.cuh stage_rows, kStmatrixStaging), as
+// a byte offset from the tile. Matrix m = lane / 8 is rows 8 (m % 2) .. + 7
+// of block block + m / 2, and lane provides its row lane % 8; register m
+// of a thread g = lane / 4, c = lane % 4 then holds row g + 8 (m % 2),
+// columns 8 (block + m / 2) + 2c, + 1: the pair acc[block + m / 2][2 (m %
+// 2)], [2 (m % 2) + 1] of the wgmma accumulator.
+GQATTN_FLASH_HD uint32_t accumulator_stmatrix_offset(int block, int warp, int lane, int rows) {
+  const int matrix = lane / 8;
+  const int row = warp * 16 + matrix % 2 * 8 + lane % 8;
+  return k_major_offset(row, (block + matrix / 2) * kElemsPerChunk, rows);
+}
+
 // Byte offset of 16-byte piece `piece` (columns 8 piece .. 8 piece + 7) of
 // row `row` in a warp's chunk of O, [kOutChunkRows][kOutChunkCols] 16-bit
 // elements (epilogue.cuh store_output_by_warp_chunks): piece p of row r
@@ -64,6 +78,18 @@ GQATTN_FLASH_HD uint32_t out_chunk_offset(int row, int piece) {
   static_assert(kOutChunkCols * kElemBytes / flash::kChunkBytes == 4, "the swizzle takes 4 pieces");
   return uint32_t(row) * (kOutChunkCols * kElemBytes) +
          uint32_t(piece ^ ((row >> 1) & 3)) * flash::kChunkBytes;
+}
+
+// The stmatrix.x4 destination of `lane` for pieces `piece` and piece + 1
+// of a warp's chunk of O (epilogue.cuh store_output_by_warp_chunks, with
+// kStmatrixStaging): matrix m = lane / 8 is rows 8 (m % 2) .. + 7 of piece
+// piece + m / 2, lane providing row lane % 8, as in
+// accumulator_stmatrix_offset. A matrix's 8 rows take 8 distinct 16-byte
+// bank groups (rows r and r + 1 differ by 64 bytes, (r / 2) % 4 by the
+// swizzle): no bank conflict.
+GQATTN_FLASH_HD uint32_t chunk_stmatrix_offset(int piece, int lane) {
+  const int matrix = lane / 8;
+  return out_chunk_offset(matrix % 2 * 8 + lane % 8, piece + matrix / 2);
 }
 
 }  // namespace gqattn::hopper

@@ -29,14 +29,34 @@ __device__ __forceinline__ bool staged_store_issuer() {
 }
 
 // This thread's part of acc * mult (the wgmma accumulator layout), rounded,
-// into the tile at `staging` (1024-byte aligned). Per store instruction the
-// 8 rows of a warp hit 8 different 16-byte chunks (the swizzle XORs the
-// chunk with row % 8): no bank conflict.
-template <int kCols, typename Elem>
+// into the tile at `staging` (1024-byte aligned). With kByStmatrix one
+// stmatrix.x4 per two 8-column blocks (operand_layout.hpp
+// accumulator_stmatrix_offset): each of its four 8 x 8 matrices is 8 rows
+// of one 16-byte chunk, which the swizzle puts on 8 distinct chunk
+// positions. Otherwise one 32-bit store per block and row: per store
+// instruction the 8 rows of a warp hit 8 different 16-byte chunks (the
+// swizzle XORs the chunk with row % 8). No bank conflict either way.
+// kByStmatrix: the forward passes kStmatrixStaging, the backward
+// kBwdStmatrixStaging.
+template <int kCols, typename Elem, bool kByStmatrix>
 __device__ __forceinline__ void stage_rows(uint32_t staging, const float (&acc)[kCols / 8][4],
                                            float mult) {
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
+  if constexpr (kByStmatrix) {
+    static_assert(kCols % 16 == 0, "stmatrix.x4 takes two 8-column blocks");
+#pragma unroll
+    for (int i = 0; i < kCols / 8; i += 2) {
+      const uint32_t addr = staging + accumulator_stmatrix_offset(i, warp, lane, kWgmmaM);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                   "r"(flash::pack2<Elem>(acc[i][0] * mult, acc[i][1] * mult)),
+                   "r"(flash::pack2<Elem>(acc[i][2] * mult, acc[i][3] * mult)),
+                   "r"(flash::pack2<Elem>(acc[i + 1][0] * mult, acc[i + 1][1] * mult)),
+                   "r"(flash::pack2<Elem>(acc[i + 1][2] * mult, acc[i + 1][3] * mult))
+                   : "memory");
+    }
+    return;
+  }
   const int col0 = flash::frag_col(lane);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
