@@ -33,6 +33,7 @@
 #include "cuda/hopper/params.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
+#include "cuda/hopper/ptx/stmatrix.cuh"
 #include "cuda/hopper/staged_store.cuh"
 #include "cuda/hopper/tile_coord.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
@@ -147,13 +148,10 @@ __device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams&
       for (int j = 0; j < kBlocksPerChunk; j += 2) {
         const int i = c * kBlocksPerChunk + j;
         const auto& a = r.o[0];
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                         chunk + chunk_stmatrix_offset(j, lane)),
-                     "r"(flash::pack2<Elem>(a[i][0], a[i][1])),
-                     "r"(flash::pack2<Elem>(a[i][2], a[i][3])),
-                     "r"(flash::pack2<Elem>(a[i + 1][0], a[i + 1][1])),
-                     "r"(flash::pack2<Elem>(a[i + 1][2], a[i + 1][3]))
-                     : "memory");
+        ptx::stmatrix_x4(chunk + chunk_stmatrix_offset(j, lane),
+                         flash::pack2<Elem>(a[i][0], a[i][1]), flash::pack2<Elem>(a[i][2], a[i][3]),
+                         flash::pack2<Elem>(a[i + 1][0], a[i + 1][1]),
+                         flash::pack2<Elem>(a[i + 1][2], a[i + 1][3]));
       }
     } else {
       const int col0 = flash::frag_col(lane);

@@ -54,7 +54,7 @@ GQATTN_FLASH_HD uint32_t a_fragment_ldmatrix_offset(int kk, int warp, int lane, 
 
 // The stmatrix.x4 destination of `lane` for the accumulator's 8-column
 // blocks `block` and block + 1 of rows [16 warp, 16 warp + 16) of a K-major
-// tile of `rows` rows (staged_store.cuh stage_rows, kStmatrixStaging), as
+// tile of `rows` rows (staged_store.cuh stage_rows, kByStmatrix), as
 // a byte offset from the tile. Matrix m = lane / 8 is rows 8 (m % 2) .. + 7
 // of block block + m / 2, and lane provides its row lane % 8; register m
 // of a thread g = lane / 4, c = lane % 4 then holds row g + 8 (m % 2),

@@ -17,6 +17,7 @@
 
 #include "cuda/flash/mma.cuh"
 #include "cuda/hopper/operand_layout.hpp"
+#include "cuda/hopper/ptx/stmatrix.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
@@ -47,13 +48,11 @@ __device__ __forceinline__ void stage_rows(uint32_t staging, const float (&acc)[
     static_assert(kCols % 16 == 0, "stmatrix.x4 takes two 8-column blocks");
 #pragma unroll
     for (int i = 0; i < kCols / 8; i += 2) {
-      const uint32_t addr = staging + accumulator_stmatrix_offset(i, warp, lane, kWgmmaM);
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                   "r"(flash::pack2<Elem>(acc[i][0] * mult, acc[i][1] * mult)),
-                   "r"(flash::pack2<Elem>(acc[i][2] * mult, acc[i][3] * mult)),
-                   "r"(flash::pack2<Elem>(acc[i + 1][0] * mult, acc[i + 1][1] * mult)),
-                   "r"(flash::pack2<Elem>(acc[i + 1][2] * mult, acc[i + 1][3] * mult))
-                   : "memory");
+      ptx::stmatrix_x4(staging + accumulator_stmatrix_offset(i, warp, lane, kWgmmaM),
+                       flash::pack2<Elem>(acc[i][0] * mult, acc[i][1] * mult),
+                       flash::pack2<Elem>(acc[i][2] * mult, acc[i][3] * mult),
+                       flash::pack2<Elem>(acc[i + 1][0] * mult, acc[i + 1][1] * mult),
+                       flash::pack2<Elem>(acc[i + 1][2] * mult, acc[i + 1][3] * mult));
     }
     return;
   }

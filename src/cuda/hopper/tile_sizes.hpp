@@ -165,12 +165,11 @@ constexpr bool kMulticastKV = true;
 // tiles).
 constexpr bool kTmaStoreOutput = true;
 // kStmatrixStaging: O's staging (kTmaStoreOutput) and its per-warp chunks
-// (kWarpChunkOutput; the backward's switch is backward_tile_sizes.hpp
-// kBwdStmatrixStaging) write the
-// rounded accumulator into shared memory with stmatrix.x4, four 8 x 8
-// matrices per instruction (staged_store.cuh stage_rows, epilogue.cuh
-// store_output_by_warp_chunks), instead of one 32-bit store per pair: a
-// quarter of the instructions. The same bytes at the same places. H200
+// (kWarpChunkOutput) write the rounded accumulator into shared memory with
+// stmatrix.x4, four 8 x 8 matrices per instruction (staged_store.cuh
+// stage_rows, epilogue.cuh store_output_by_warp_chunks; the backward's
+// switch is backward_tile_sizes.hpp kBwdStmatrixStaging), instead of one
+// 32-bit store per pair: a quarter of the instructions. The same bytes at the same places. H200
 // (fwd TFLOP/s, mean of six runs on / three off, 100 calls each): d64
 // causal B4 T4k 454 / 447 (ranges apart); d128 causal B16 T1k 433 / 437,
 // T4k and d256 within their spread (docs/hopper.md forward TODO 11).
