@@ -4,7 +4,8 @@ For each kernel (function) whose mangled name matches a pattern: its
 instruction count, the counts of the instructions that tell a kernel's
 story here (HGMMA: the tensor-core GEMMs; MUFU: exponentials and
 reciprocals; LDL/STL: register spills; BAR, SYNCS: barriers; STG/STS/LDS:
-global and shared stores and loads) and its loops: every backward branch
+global and shared stores and loads; STSM/LDSM: stmatrix and ldmatrix) and
+its loops: every backward branch
 spanning at least --min-loop instructions, with the same counts inside it.
 A kernel's key loop is its shortest loop that holds HGMMA (the loops around
 it are the work-tile loops). The point is to
@@ -24,8 +25,10 @@ import collections
 import re
 import sys
 
-# The instruction classes counted, by opcode prefix.
-CLASSES = ("HGMMA", "MUFU", "LDL", "STL", "BAR", "SYNCS", "STG", "STS", "LDS", "SHFL")
+# The instruction classes counted, by the opcode's name before its first
+# '.' (so STSM, stmatrix, is not counted as STS).
+CLASSES = ("HGMMA", "MUFU", "LDL", "STL", "BAR", "SYNCS", "STG", "STS", "LDS", "STSM", "LDSM",
+           "SHFL")
 
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -57,10 +60,9 @@ def parse(lines):
 def counts(instructions):
     c = collections.Counter()
     for _, text in instructions:
-        op = opcode(text)
-        for cls in CLASSES:
-            if op.startswith(cls):
-                c[cls] += 1
+        name = opcode(text).split(".")[0]
+        if name in CLASSES:
+            c[name] += 1
     return c
 
 

@@ -81,3 +81,10 @@ def test_main_filters_by_pattern(tmp_path, capsys):
     assert "_Z6kernelA" in out and "_Z6kernelB" not in out
     assert "16 instructions" in out and "key loop" in out
     assert sass_census.main([str(dump), "nothing"]) == 1
+
+
+def test_stmatrix_and_ldmatrix_are_not_shared_stores_or_loads():
+    body = ["STS [R0], R1", "STS.128 [R0], R4", "STSM.16.M88.4 [R2], R8", "LDS R3, [R0]",
+            "LDSM.16.M88.4 R8, [R2]", "EXIT"]
+    c = sass_census.counts(sass_census.parse(listing("_Z1k", body))["_Z1k"])
+    assert (c["STS"], c["STSM"], c["LDS"], c["LDSM"]) == (2, 1, 1, 1)
