@@ -16,10 +16,14 @@ Given several runs, their rounds are pooled (each round's ratio still takes
 both sides from that round of that run): a line near its mark is then read
 over more rounds than one call holds. Pool only runs of the same kernels,
 or say which differ.
+
+With --spread it prints instead, per line, both sides' TFLOP/s over the
+rounds (median, range, range as a percentage of the median): when a
+verdict differs between rounds, which side moved.
 Checked by bench/tests/test_criteria.py (synthetic runs and anchors).
 
 usage: python bench/criteria.py RUN.json [MORE.json ...] [--anchors DIR] [--ours LABEL]
-                                [--markdown]
+                                [--markdown] [--spread]
 (LABEL default gqattn:cuda-hopper, the issues' backend)
 """
 import argparse
@@ -123,15 +127,21 @@ def tflops(record, pass_):
     return value if value else None
 
 
-def read_criterion(c, results, ours, anchors):
-    rounds = sorted({r.get("round", 0) for r in results})
-    per_round = []
-    for i in rounds:
+def paired_rounds(c, results, ours):
+    """[(ours, competitor's)] TFLOP/s of c's shape and pass, one pair per
+    round that timed both."""
+    pairs = []
+    for i in sorted({r.get("round", 0) for r in results}):
         here = {r["backend"]: r for r in results
                 if r["shape"] == c.shape and r.get("round", 0) == i}
         mine, theirs = tflops(here.get(ours), c.pass_), tflops(here.get(c.competitor), c.pass_)
         if mine and theirs:
-            per_round.append(mine / theirs)
+            pairs.append((mine, theirs))
+    return pairs
+
+
+def read_criterion(c, results, ours, anchors):
+    per_round = [mine / theirs for mine, theirs in paired_rounds(c, results, ours)]
     mine_all = [tflops(r, c.pass_) for r in results
                 if r["shape"] == c.shape and r["backend"] == ours]
     mine_all = [v for v in mine_all if v]
@@ -140,6 +150,41 @@ def read_criterion(c, results, ours, anchors):
     return Reading(c, statistics.median(per_round) if per_round else None,
                    min(per_round) if per_round else None, len(per_round),
                    sum(met(v, c.line) == "yes" for v in per_round), anchor_ratio, anchor)
+
+
+# Both sides of one criterion over its rounds: when a verdict differs
+# between rounds, which side moved.
+Spread = namedtuple("Spread", "criterion ours theirs")
+
+
+def read_spreads(run, ours=DEFAULT_OURS):
+    results = run["results"]
+    ours = check_ours(results, ours)
+    spreads = []
+    for c in CRITERIA:
+        pairs = paired_rounds(c, results, ours)
+        spreads.append(Spread(c, [m for m, _ in pairs], [t for _, t in pairs]))
+    return spreads
+
+
+def spread_text(values):
+    """median [lowest-highest] and the range as a percentage of the median."""
+    if not values:
+        return "-"
+    median = statistics.median(values)
+    return (f"{median:.0f} [{min(values):.0f}-{max(values):.0f}] "
+            f"{100 * (max(values) - min(values)) / median:.1f}%")
+
+
+SPREAD_HEADER = ["issue", "pass", "shape", "against", "rounds", "ours: median [range] range %",
+                 "theirs: median [range] range %"]
+
+
+def spread_rows(spreads):
+    for sp in spreads:
+        c = sp.criterion
+        yield [f"#{c.issue}", c.pass_, c.shape, c.competitor, str(len(sp.ours)),
+               spread_text(sp.ours), spread_text(sp.theirs)]
 
 
 def pool_runs(runs):
@@ -180,16 +225,16 @@ HEADER = ["issue", "pass", "shape", "against", "line", "run median", "lowest rou
           "met (median)", "met (every round)", "vs anchor (its TFLOP/s)", "met (anchor)"]
 
 
-def print_table(readings, markdown, out=None):
+def print_table(readings, markdown, out=None, header=HEADER, make_rows=rows):
     out = out or sys.stdout  # looked up per call, so that a redirect is followed
-    table = [HEADER] + list(rows(readings))
+    table = [header] + list(make_rows(readings))
     if markdown:
-        out.write("| " + " | ".join(HEADER) + " |\n")
-        out.write("|" + "---|" * len(HEADER) + "\n")
+        out.write("| " + " | ".join(header) + " |\n")
+        out.write("|" + "---|" * len(header) + "\n")
         for row in table[1:]:
             out.write("| " + " | ".join(row) + " |\n")
         return
-    widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
 
@@ -203,13 +248,22 @@ def main(argv=None):
     ap.add_argument("--ours", default=DEFAULT_OURS,
                     help=f"gqattn's label in the run (default: {DEFAULT_OURS})")
     ap.add_argument("--markdown", action="store_true", help="a Markdown table")
+    ap.add_argument("--spread", action="store_true",
+                    help="instead: both sides' TFLOP/s over the rounds (which side moves)")
     args = ap.parse_args(argv)
     runs = []
     for path in args.runs:
         with open(path) as f:
             runs.append(json.load(f))
+    run = runs[0] if len(runs) == 1 else pool_runs(runs)
+    if args.spread:
+        print(f"{args.ours} in {', '.join(args.runs)}"
+              f"{' (rounds pooled)' if len(runs) > 1 else ''}: TFLOP/s per round")
+        print_table(read_spreads(run, args.ours), args.markdown, header=SPREAD_HEADER,
+                    make_rows=spread_rows)
+        return
     anchors = load_anchors(args.anchors)
-    ours, readings = read_run(runs[0] if len(runs) == 1 else pool_runs(runs), anchors, args.ours)
+    ours, readings = read_run(run, anchors, args.ours)
     print(f"{ours} in {', '.join(args.runs)}"
           f"{' (rounds pooled)' if len(runs) > 1 else ''}; anchors: "
           f"{args.anchors if anchors else 'none found in ' + args.anchors}")

@@ -149,3 +149,24 @@ def test_a_run_without_cuda_hopper_is_refused():
                record("flex", criteria.WINDOW, 0, 1.0, 1.0)]
     with pytest.raises(SystemExit, match="gqattn:cuda-flash"):
         criteria.read_run({"results": results}, {})
+
+
+def test_spread_shows_which_side_moved(tmp_path, capsys):
+    # Ours steady (610, 616), cuDNN moving (520, 585): the verdict flips
+    # with theirs. A round without cuDNN is left out of both sides.
+    run = {"results": [record(OURS, criteria.T4K, 0, 610.0, 1.0),
+                       record("sdpa-cudnn", criteria.T4K, 0, 520.0, 1.0),
+                       record(OURS, criteria.T4K, 1, 616.0, 1.0),
+                       record("sdpa-cudnn", criteria.T4K, 1, 585.0, 1.0),
+                       record(OURS, criteria.T4K, 2, 900.0, 1.0)]}
+    spread = next(sp for sp in criteria.read_spreads(run)
+                  if sp.criterion.shape == criteria.T4K and sp.criterion.pass_ == "fwd")
+    assert (spread.ours, spread.theirs) == ([610.0, 616.0], [520.0, 585.0])
+    assert criteria.spread_text(spread.ours) == "613 [610-616] 1.0%"
+    assert criteria.spread_text([]) == "-"
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    criteria.main([str(path), "--spread", "--markdown"])
+    out = capsys.readouterr().out
+    t4k_fwd = next(line for line in out.splitlines() if criteria.T4K in line and "| fwd |" in line)
+    assert "| 2 | 613 [610-616] 1.0% | 552 [520-585] 11.8% |" in t4k_fwd
