@@ -248,6 +248,94 @@ __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
   if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
 }
 
+// Fused dQ in lockstep: this warpgroup's columns of one step's partial dS
+// K, committed as one wgmma group. A is the step's dS buffer (both
+// warpgroups' keys), B this warpgroup's columns of the K tile (k_dq_cols),
+// both MN-major.
+template <int kD, typename Elem>
+__device__ __forceinline__ void issue_dq_partial(float (&dq)[DkdvTile<kD>::kDqCols / 8][4],
+                                                 uint32_t ds_buf, uint32_t k_dq_cols) {
+  constexpr int kBN = DkdvTile<kD>::kBlockN;
+#pragma unroll
+  for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
+    ptx::Wgmma<DkdvTile<kD>::kDqCols, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk),
+                                                   mn_major<kBN>(k_dq_cols, kk), kk > 0);
+  ptx::wgmma_commit();
+}
+
+// Fused dQ in lockstep: stages this warpgroup's half of step t's partial
+// (complete in dq) once the writer has read step t - 1's, fences it for the
+// bulk copy and announces it to step t's writer.
+template <int kD>
+__device__ __forceinline__ void stage_dq_partial(uint32_t smem,
+                                                 const float (&dq)[DkdvTile<kD>::kDqCols / 8][4],
+                                                 int wg, int t, int lane) {
+  using L = DkdvSmem<kD, true>;
+  ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
+  stage_dq<DkdvTile<kD>::kDqCols>(smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / 2), dq);
+  ptx::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
+}
+
+// Lagged dK (DkdvTile::kDkLagged): dK += dS^T Q of step t, issued in step
+// t + 1 (or after the last step) as one wgmma group. A is this warpgroup's
+// rows of step t's dS buffer (64 keys x 64 queries, K-major: the buffer's
+// 128-byte rows are keys, its queries contiguous), B the step's Q tile
+// (MN-major, N along d), still in ring slot t % kStages, which the caller
+// releases once the group has completed.
+template <int kD, typename Elem>
+__device__ __forceinline__ void issue_lagged_dk(float (&dk)[kD / 8][4], uint32_t ds_rows,
+                                                uint32_t q_tile) {
+  constexpr int kBM = DkdvTile<kD>::kBlockM;
+#pragma unroll
+  for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
+    ptx::Wgmma<kD, Elem>::ss_kmn(dk, k_major<kWgmmaM>(ds_rows, kk), mn_major<kBM>(q_tile, kk), 1);
+  ptx::wgmma_commit();
+}
+
+// Lagged dK: the rest of step t once dS^T is packed (dsa; P^T in pa, dV not
+// yet issued). Step t - 1's dK group (committed after this step's S^T and
+// dP^T) completes, and slot t - 1 is released; both warpgroups put their
+// dS^T rows into the step's buffer and meet; then dQ and dV, the partial
+// staged while dV runs. Slot t stays held for dK, issued in step t + 1.
+template <int kD, typename Elem, int kStepsM>
+__device__ __forceinline__ void dkdv_finish_step_lagged_dk(
+    uint32_t smem, uint32_t do_tile, uint32_t ds_buf, uint32_t k_dq_cols, int t, int wg, int warp,
+    int lane, const uint32_t (&pa)[kStepsM][4], const uint32_t (&dsa)[kStepsM][4],
+    float (&dv)[kD / 8][4], float (&dk)[kD / 8][4]) {
+  using Tile = DkdvTile<kD>;
+  using L = DkdvSmem<kD, true>;
+  constexpr int kBM = Tile::kBlockM;
+  ptx::wgmma_wait<0>();
+  ptx::pin(dk);
+  if (t > 0) {
+    __syncwarp();
+    const int prev_stage = (t - 1) % Tile::kStages;
+    if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(prev_stage) * L::kBarrierBytes);
+  }
+  // Both warpgroups' halves of dS^T into the step's buffer, fenced for the
+  // async proxy; the buffer was last read by step t - 2's dQ (both
+  // warpgroups, completed before the barrier of step t - 1) and dK (this
+  // warpgroup, completed above in step t - 1).
+  store_ds_rows(ds_buf + uint32_t(wg) * kWarpgroupRowBytes, dsa, warp, lane);
+  ptx::fence_proxy_async_shared();
+  ptx::named_barrier_sync(kDsReadyBarrier, kBwdConsumerWarpgroups * kWarpgroupThreads);
+  float dq[Tile::kDqCols / 8][4];
+  ptx::wgmma_fence();
+  issue_dq_partial<kD, Elem>(dq, ds_buf, k_dq_cols);
+#pragma unroll
+  for (int kk = 0; kk < kStepsM; ++kk)
+    ptx::Wgmma<kD, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile, kk), 1);
+  ptx::wgmma_commit();
+  // The dQ group has completed; dV's may still run.
+  ptx::wgmma_wait<1>();
+  ptx::pin(dq);
+  stage_dq_partial<kD>(smem, dq, wg, t, lane);
+  ptx::wgmma_wait<0>();
+  ptx::pin(dv);
+}
+
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
 // [n0 + 64 wg, n0 + 64 wg + 64), all d columns; or, split over d
 // (DkdvTile::kSplitD), keys [n0, n0 + 64) and dK, dV columns
@@ -270,6 +358,12 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
   constexpr bool kOverlapSdP = overlap_s_dp(kSoftcap, kD);
   constexpr bool kExchange = split_exchange(kD, kSoftcap);
   constexpr bool kHandover = split_handover(kD, kSoftcap);
+  // Lagged dK (kBwdLaggedDk): step t - 1's dK group is committed after step
+  // t's S^T and dP^T (at t = 0 an empty group, so that the waits count the
+  // same every step).
+  constexpr bool kLagDk = kFusedDq && Tile::kDkLagged;
+  static_assert(!kLagDk || (!kSplit && !kHandover && !Tile::kDqByTurns),
+                "the lagged dK is the lockstep fused dQ's");
   static_assert(kBN == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
                 "one wgmma M of keys per warpgroup (or shared by both when split over d)");
   static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
@@ -377,8 +471,19 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       for (int kk = 0; kk < kStepsD; ++kk)
         ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
       ptx::wgmma_commit();
-      p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
-          s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
+      if constexpr (kLagDk) {
+        if (t > 0) {
+          const int prev_stage = (t - 1) % Tile::kStages;
+          issue_lagged_dk<kD, Elem>(dk,
+                                    smem + L::kDs + uint32_t((t - 1) & 1) * L::kDsBytes + wg_rows,
+                                    smem + L::kQ + uint32_t(prev_stage) * L::kQBytes);
+        } else {
+          ptx::wgmma_commit();
+        }
+      }
+      p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD),
+                       /*kLater=*/kLagDk ? 1 : 0>(s, dp, lse2, dsum, p.c.score, mask, wg_key0,
+                                                  warp_key0, m0, lane);
     }
 
     // dV += P^T dO, dK += dS^T Q (B operands MN-major: N runs along d, from
@@ -391,9 +496,9 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
         flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
     }
     ptx::pin(dv);
-    ptx::pin(dk);
+    if constexpr (!kLagDk) ptx::pin(dk);  // lagged: step t - 1's dK may still run
     ptx::pin(pa);
-    if constexpr (kBwdOverlapDv) {
+    if constexpr (kBwdOverlapDv && !kLagDk) {
       ptx::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk)
@@ -411,6 +516,11 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
                                              lane, pa, dsa, dv, dk);
       continue;
     }
+    if constexpr (kLagDk) {
+      dkdv_finish_step_lagged_dk<kD, Elem>(smem, do_tile, ds_buf, k_dq_cols, t, wg, warp, lane, pa,
+                                           dsa, dv, dk);
+      continue;
+    }
     [[maybe_unused]] float dq[kDqCols / 8][4];
     if constexpr (kFusedDq) {
       // This warpgroup's dS^T rows into the step's dS buffer, fenced for the
@@ -426,17 +536,9 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       for (int kk = 0; kk < kStepsM; ++kk)
         ptx::Wgmma<kDW, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile + wg_cols, kk), 1);
     }
-    if constexpr (kFusedDq) {
-      // dQ partial of the step's 64 queries before dK, so that it is staged
-      // while dK's wgmma runs: dS (both warpgroups' keys) times K, this
-      // warpgroup's columns; A is the dS buffer and B the K tile, both
-      // MN-major.
-#pragma unroll
-      for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
-        ptx::Wgmma<kDqCols, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk),
-                                         mn_major<kBN>(k_dq_cols, kk), kk > 0);
-      ptx::wgmma_commit();
-    }
+    // The dQ partial of the step's queries before dK, so that it is staged
+    // while dK's wgmma runs.
+    if constexpr (kFusedDq) issue_dq_partial<kD, Elem>(dq, ds_buf, k_dq_cols);
 #pragma unroll
     for (int kk = 0; kk < kStepsM; ++kk)
       ptx::Wgmma<kDW, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile + wg_cols, kk), 1);
@@ -445,13 +547,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       // The dV and dQ groups have completed; dK's may still run.
       ptx::wgmma_wait<1>();
       ptx::pin(dq);
-      // Stage the partial once the writer has read the previous step's.
-      ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
-      stage_dq<kDqCols>(smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / 2), dq);
-      ptx::fence_proxy_async_shared();
-      __syncwarp();
-      if (lane == 0)
-        ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
+      stage_dq_partial<kD>(smem, dq, wg, t, lane);
     }
     ptx::wgmma_wait<0>();
     ptx::pin(dv);
@@ -459,6 +555,19 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     // Every wgmma of this warpgroup reading the slot has completed.
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
+  }
+  if constexpr (kLagDk) {
+    // The last step's dK (its dS buffer and Q slot are intact: the producer
+    // has nothing left to load, and the gradient staging below, which
+    // reuses the ring, waits for both warpgroups).
+    if (w.steps > 0) {
+      const int t = w.steps - 1;
+      ptx::wgmma_fence();
+      issue_lagged_dk<kD, Elem>(dk, smem + L::kDs + uint32_t(t & 1) * L::kDsBytes + wg_rows,
+                                smem + L::kQ + uint32_t(t % Tile::kStages) * L::kQBytes);
+      ptx::wgmma_wait<0>();
+      ptx::pin(dk);
+    }
   }
 
   const int col0 = kSplit ? wg * kDW : 0;

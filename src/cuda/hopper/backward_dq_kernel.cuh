@@ -231,8 +231,9 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
       for (int kk = 0; kk < kStepsD; ++kk)
         ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
       ptx::wgmma_commit();
-      p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
-          s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
+      p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD),
+                       /*kLater=*/0>(s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0,
+                                     lane);
     }
 
     if constexpr (!kHandover) {

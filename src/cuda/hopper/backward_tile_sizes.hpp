@@ -147,6 +147,20 @@ constexpr int kDqConvertCtasPerSm = 4;
 constexpr bool kBwdDqByTurns = true;
 constexpr int kBwdDqByTurnsMaxD = 64;
 constexpr bool dq_by_turns(int d) { return kBwdDqByTurns && d <= kBwdDqByTurnsMaxD; }
+// Fused dQ in lockstep (not by turns; d = 128): step t's dK += dS^T Q is
+// issued at the top of step t + 1, behind that step's S^T and dP^T, with
+// dS^T read from the step's dS buffer (which the dQ wgmma reads too; SS,
+// dS^T K-major there); step t + 1 releases ring slot t once it has
+// completed. After the barrier of step t only dQ and dV are left, and the
+// dQ partial is staged while dV runs. Why: the two warpgroups reach their
+// element-wise phase (P^T, then dS^T) together, so without it the tensor
+// pipe has only dP^T to run through that phase; dK's accumulators are live
+// anyway, so the lag costs no registers (issuing the lagged dQ there
+// instead needs 32 more and made ptxas spill about 390 bytes in the
+// loop). Off: dV before dS^T is formed (kBwdOverlapDv), dQ and dK after
+// the barrier, the partial staged while dK runs.
+constexpr bool kBwdLaggedDk = true;
+constexpr bool dk_lagged(int d) { return kBwdLaggedDk && !dq_by_turns(d); }
 
 // d = 256: one consumer warpgroup cannot hold dK and dV of 64 rows (2 x 128
 // f32 registers per thread); split_d(d) says the two share each tile, the
@@ -269,6 +283,8 @@ struct DkdvTile {
   static constexpr bool kFusedDqSupported = fused_dq_supported(kD);
   static constexpr bool kDqByTurns = dq_by_turns(kD);
   static constexpr int kDqCols = kDqByTurns ? kD : kD / 2;
+  // With the fused dQ only (it needs the dS buffer).
+  static constexpr bool kDkLagged = kFusedDqSupported && !kSplitD && dk_lagged(kD);
 };
 // dQ kernel at d = 256 with whole rows: each consumer warpgroup owns 64
 // query rows and all 256 dQ columns (128 f32 registers per thread), over key
