@@ -295,10 +295,12 @@ __device__ __forceinline__ void issue_lagged_dk(float (&dk)[kD / 8][4], uint32_t
 }
 
 // Lagged dK: the rest of step t once dS^T is packed (dsa; P^T in pa, dV not
-// yet issued). Step t - 1's dK group (committed after this step's S^T and
-// dP^T) completes, and slot t - 1 is released; both warpgroups put their
-// dS^T rows into the step's buffer and meet; then dQ and dV, the partial
-// staged while dV runs. Slot t stays held for dK, issued in step t + 1.
+// yet issued). Both warpgroups put their dS^T rows into the step's buffer
+// and meet; then dQ and dV are issued behind step t - 1's dK group
+// (committed after this step's S^T and dP^T, which may still run: it reads
+// the other dS buffer), slot t - 1 is released once that group has
+// completed, and the dQ partial is staged while dV runs. Slot t stays held
+// for dK, issued in step t + 1.
 template <int kD, typename Elem, int kStepsM>
 __device__ __forceinline__ void dkdv_finish_step_lagged_dk(
     uint32_t smem, uint32_t do_tile, uint32_t ds_buf, uint32_t k_dq_cols, int t, int wg, int warp,
@@ -307,17 +309,9 @@ __device__ __forceinline__ void dkdv_finish_step_lagged_dk(
   using Tile = DkdvTile<kD>;
   using L = DkdvSmem<kD, true>;
   constexpr int kBM = Tile::kBlockM;
-  ptx::wgmma_wait<0>();
-  ptx::pin(dk);
-  if (t > 0) {
-    __syncwarp();
-    const int prev_stage = (t - 1) % Tile::kStages;
-    if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(prev_stage) * L::kBarrierBytes);
-  }
-  // Both warpgroups' halves of dS^T into the step's buffer, fenced for the
-  // async proxy; the buffer was last read by step t - 2's dQ (both
-  // warpgroups, completed before the barrier of step t - 1) and dK (this
-  // warpgroup, completed above in step t - 1).
+  // The buffer was last read by step t - 2's dQ (both warpgroups, completed
+  // before the barrier of step t - 1) and dK (this warpgroup, completed in
+  // step t - 1).
   store_ds_rows(ds_buf + uint32_t(wg) * kWarpgroupRowBytes, dsa, warp, lane);
   ptx::fence_proxy_async_shared();
   ptx::named_barrier_sync(kDsReadyBarrier, kBwdConsumerWarpgroups * kWarpgroupThreads);
@@ -328,6 +322,14 @@ __device__ __forceinline__ void dkdv_finish_step_lagged_dk(
   for (int kk = 0; kk < kStepsM; ++kk)
     ptx::Wgmma<kD, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile, kk), 1);
   ptx::wgmma_commit();
+  // Step t - 1's dK group has completed (t = 0: the empty group).
+  ptx::wgmma_wait<2>();
+  ptx::pin(dk);
+  if (t > 0) {
+    __syncwarp();
+    const int prev_stage = (t - 1) % Tile::kStages;
+    if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(prev_stage) * L::kBarrierBytes);
+  }
   // The dQ group has completed; dV's may still run.
   ptx::wgmma_wait<1>();
   ptx::pin(dq);

@@ -67,7 +67,7 @@ constexpr bool kBwdOverlapDv = true;
 // d256 causal T4k 413, 420 / 390, 396; cap30 452, 449 / 449, 447; but d64
 // causal T4k 391, 395 / 407, 403: hence only for d >= kBwdTmaStoreGradientsMinD.
 constexpr bool kBwdTmaStoreGradients = true;
-constexpr int kBwdTmaStoreGradientsMinD = 128;
+constexpr int kBwdTmaStoreGradientsMinD = 64;
 constexpr bool bwd_tma_store_gradients(int d) {
   return kBwdTmaStoreGradients && d >= kBwdTmaStoreGradientsMinD;
 }
