@@ -236,9 +236,7 @@ __device__ __forceinline__ void p_and_ds_factor(float (&s)[1][kNT][4], float (&d
 // under softcap the factor r - r^2, in a third array) is computed between
 // wait_group 1 (S has landed) and wait_group 0, while dP's wgmma still runs;
 // the products are the serial order's, so the results are bitwise the same.
-// kLater: wgmma groups committed after dP that may stay in flight (the
-// lagged dQ of the step before, kDqLagged).
-template <bool kRowsAreKeys, bool kSoftcap, bool kOverlapSdP, bool kPolyR, int kLater, int kNT>
+template <bool kRowsAreKeys, bool kSoftcap, bool kOverlapSdP, bool kPolyR, int kNT>
 __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&dp)[1][kNT][4],
                                                  const float* lse2, const float* dsum,
                                                  const flash::ScoreArgs& score,
@@ -246,12 +244,12 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
                                                  int warp_row0, int col0, int lane) {
   if constexpr (kOverlapSdP && kSoftcap) {
     // The S group has completed; dP (not read here) may still run.
-    ptx::wgmma_wait<1 + kLater>();
+    ptx::wgmma_wait<1>();
     ptx::pin(s[0]);
     float factor[kNT][4];
     to_softcap_r_tile<kPolyR>(s, score, [&factor](int nt, int e, float f) { factor[nt][e] = f; });
     p_from_scores<kRowsAreKeys>(s, lse2, -2.0f * score.mult, mask, wg_row0, warp_row0, col0, lane);
-    ptx::wgmma_wait<kLater>();
+    ptx::wgmma_wait<0>();
     ptx::pin(dp[0]);
     dp_minus_d<kRowsAreKeys>(dp, dsum, lane);
 #pragma unroll
@@ -260,14 +258,14 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
       for (int e = 0; e < 4; ++e) dp[0][nt][e] *= factor[nt][e];
   } else if constexpr (kOverlapSdP) {
     // The S group has completed; dP (not read here) may still run.
-    ptx::wgmma_wait<1 + kLater>();
+    ptx::wgmma_wait<1>();
     ptx::pin(s[0]);
     p_from_scores<kRowsAreKeys>(s, lse2, score.mult, mask, wg_row0, warp_row0, col0, lane);
-    ptx::wgmma_wait<kLater>();
+    ptx::wgmma_wait<0>();
     ptx::pin(dp[0]);
     dp_minus_d<kRowsAreKeys>(dp, dsum, lane);
   } else {
-    ptx::wgmma_wait<kLater>();
+    ptx::wgmma_wait<0>();
     ptx::pin(s[0]);
     ptx::pin(dp[0]);
     dp_minus_d<kRowsAreKeys>(dp, dsum, lane);

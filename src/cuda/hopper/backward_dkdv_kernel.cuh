@@ -278,66 +278,6 @@ __device__ __forceinline__ void stage_dq_partial(uint32_t smem,
   if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
 }
 
-// Lagged dK (DkdvTile::kDkLagged): dK += dS^T Q of step t, issued in step
-// t + 1 (or after the last step) as one wgmma group. A is this warpgroup's
-// rows of step t's dS buffer (64 keys x 64 queries, K-major: the buffer's
-// 128-byte rows are keys, its queries contiguous), B the step's Q tile
-// (MN-major, N along d), still in ring slot t % kStages, which the caller
-// releases once the group has completed.
-template <int kD, typename Elem>
-__device__ __forceinline__ void issue_lagged_dk(float (&dk)[kD / 8][4], uint32_t ds_rows,
-                                                uint32_t q_tile) {
-  constexpr int kBM = DkdvTile<kD>::kBlockM;
-#pragma unroll
-  for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-    ptx::Wgmma<kD, Elem>::ss_kmn(dk, k_major<kWgmmaM>(ds_rows, kk), mn_major<kBM>(q_tile, kk), 1);
-  ptx::wgmma_commit();
-}
-
-// Lagged dK: the rest of step t once dS^T is packed (dsa; P^T in pa, dV not
-// yet issued). Both warpgroups put their dS^T rows into the step's buffer
-// and meet; then dQ and dV are issued behind step t - 1's dK group
-// (committed after this step's S^T and dP^T, which may still run: it reads
-// the other dS buffer), slot t - 1 is released once that group has
-// completed, and the dQ partial is staged while dV runs. Slot t stays held
-// for dK, issued in step t + 1.
-template <int kD, typename Elem, int kStepsM>
-__device__ __forceinline__ void dkdv_finish_step_lagged_dk(
-    uint32_t smem, uint32_t do_tile, uint32_t ds_buf, uint32_t k_dq_cols, int t, int wg, int warp,
-    int lane, const uint32_t (&pa)[kStepsM][4], const uint32_t (&dsa)[kStepsM][4],
-    float (&dv)[kD / 8][4], float (&dk)[kD / 8][4]) {
-  using Tile = DkdvTile<kD>;
-  using L = DkdvSmem<kD, true>;
-  constexpr int kBM = Tile::kBlockM;
-  // The buffer was last read by step t - 2's dQ (both warpgroups, completed
-  // before the barrier of step t - 1) and dK (this warpgroup, completed in
-  // step t - 1).
-  store_ds_rows(ds_buf + uint32_t(wg) * kWarpgroupRowBytes, dsa, warp, lane);
-  ptx::fence_proxy_async_shared();
-  ptx::named_barrier_sync(kDsReadyBarrier, kBwdConsumerWarpgroups * kWarpgroupThreads);
-  float dq[Tile::kDqCols / 8][4];
-  ptx::wgmma_fence();
-  issue_dq_partial<kD, Elem>(dq, ds_buf, k_dq_cols);
-#pragma unroll
-  for (int kk = 0; kk < kStepsM; ++kk)
-    ptx::Wgmma<kD, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile, kk), 1);
-  ptx::wgmma_commit();
-  // Step t - 1's dK group has completed (t = 0: the empty group).
-  ptx::wgmma_wait<2>();
-  ptx::pin(dk);
-  if (t > 0) {
-    __syncwarp();
-    const int prev_stage = (t - 1) % Tile::kStages;
-    if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(prev_stage) * L::kBarrierBytes);
-  }
-  // The dQ group has completed; dV's may still run.
-  ptx::wgmma_wait<1>();
-  ptx::pin(dq);
-  stage_dq_partial<kD>(smem, dq, wg, t, lane);
-  ptx::wgmma_wait<0>();
-  ptx::pin(dv);
-}
-
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
 // [n0 + 64 wg, n0 + 64 wg + 64), all d columns; or, split over d
 // (DkdvTile::kSplitD), keys [n0, n0 + 64) and dK, dV columns
@@ -360,12 +300,6 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
   constexpr bool kOverlapSdP = overlap_s_dp(kSoftcap, kD);
   constexpr bool kExchange = split_exchange(kD, kSoftcap);
   constexpr bool kHandover = split_handover(kD, kSoftcap);
-  // Lagged dK (kBwdLaggedDk): step t - 1's dK group is committed after step
-  // t's S^T and dP^T (at t = 0 an empty group, so that the waits count the
-  // same every step).
-  constexpr bool kLagDk = kFusedDq && Tile::kDkLagged;
-  static_assert(!kLagDk || (!kSplit && !kHandover && !Tile::kDqByTurns),
-                "the lagged dK is the lockstep fused dQ's");
   static_assert(kBN == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
                 "one wgmma M of keys per warpgroup (or shared by both when split over d)");
   static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
@@ -473,19 +407,8 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       for (int kk = 0; kk < kStepsD; ++kk)
         ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
       ptx::wgmma_commit();
-      if constexpr (kLagDk) {
-        if (t > 0) {
-          const int prev_stage = (t - 1) % Tile::kStages;
-          issue_lagged_dk<kD, Elem>(dk,
-                                    smem + L::kDs + uint32_t((t - 1) & 1) * L::kDsBytes + wg_rows,
-                                    smem + L::kQ + uint32_t(prev_stage) * L::kQBytes);
-        } else {
-          ptx::wgmma_commit();
-        }
-      }
-      p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD),
-                       /*kLater=*/kLagDk ? 1 : 0>(s, dp, lse2, dsum, p.c.score, mask, wg_key0,
-                                                  warp_key0, m0, lane);
+      p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
+          s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
     }
 
     // dV += P^T dO, dK += dS^T Q (B operands MN-major: N runs along d, from
@@ -498,9 +421,9 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
         flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
     }
     ptx::pin(dv);
-    if constexpr (!kLagDk) ptx::pin(dk);  // lagged: step t - 1's dK may still run
+    ptx::pin(dk);
     ptx::pin(pa);
-    if constexpr (kBwdOverlapDv && !kLagDk) {
+    if constexpr (kBwdOverlapDv) {
       ptx::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk)
@@ -516,11 +439,6 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     if constexpr (kFusedDq && Tile::kDqByTurns) {
       dkdv_finish_step_dq_by_turns<kD, Elem>(w, smem, q_tile, do_tile, ds_buf, stage, t, wg, warp,
                                              lane, pa, dsa, dv, dk);
-      continue;
-    }
-    if constexpr (kLagDk) {
-      dkdv_finish_step_lagged_dk<kD, Elem>(smem, do_tile, ds_buf, k_dq_cols, t, wg, warp, lane, pa,
-                                           dsa, dv, dk);
       continue;
     }
     [[maybe_unused]] float dq[kDqCols / 8][4];
@@ -558,22 +476,9 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
-  if constexpr (kLagDk) {
-    // The last step's dK (its dS buffer and Q slot are intact: the producer
-    // has nothing left to load, and the gradient staging below, which
-    // reuses the ring, waits for both warpgroups).
-    if (w.steps > 0) {
-      const int t = w.steps - 1;
-      ptx::wgmma_fence();
-      issue_lagged_dk<kD, Elem>(dk, smem + L::kDs + uint32_t(t & 1) * L::kDsBytes + wg_rows,
-                                smem + L::kQ + uint32_t(t % Tile::kStages) * L::kQBytes);
-      ptx::wgmma_wait<0>();
-      ptx::pin(dk);
-    }
-  }
 
   const int col0 = kSplit ? wg * kDW : 0;
-  if (bwd_tma_store_gradients(kD) && p.grads_by_tma) {
+  if (kBwdTmaStoreGradients && p.grads_by_tma) {
     const uint32_t dk_staging = smem + L::kGradStaging + uint32_t(2 * wg) * L::kGradTileBytes;
     const uint32_t dv_staging = dk_staging + L::kGradTileBytes;
     staging_acquire();

@@ -231,9 +231,8 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
       for (int kk = 0; kk < kStepsD; ++kk)
         ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
       ptx::wgmma_commit();
-      p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD),
-                       /*kLater=*/0>(s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0,
-                                     lane);
+      p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
+          s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
     }
 
     if constexpr (!kHandover) {
@@ -258,7 +257,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   }
 
   const int col0 = kSplit ? wg * kDW : 0;
-  if (bwd_tma_store_gradients(kD) && p.grads_by_tma) {
+  if (kBwdTmaStoreGradients && p.grads_by_tma) {
     const uint32_t staging = smem + L::kGradStaging + uint32_t(wg) * L::kGradTileBytes;
     staging_acquire();
     stage_rows<kDW, Elem, kBwdStmatrixStaging>(staging, dq, p.dkdq_scale);

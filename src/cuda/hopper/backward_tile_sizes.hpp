@@ -65,12 +65,12 @@ constexpr bool kBwdOverlapDv = true;
 // two builds each): causal B16 T1k 346, 349 / 330, 329; window 1024 371,
 // 387 / 377, 357; T4k 511, 528 / 514, 507; B1 T16k 555, 554 / 557, 552;
 // d256 causal T4k 413, 420 / 390, 396; cap30 452, 449 / 449, 447; but d64
-// causal T4k 391, 395 / 407, 403: hence only for d >= kBwdTmaStoreGradientsMinD.
+// causal T4k 391, 395 / 407, 403, so d64 kept its plain stores until the
+// staging went by stmatrix (kBwdStmatrixStaging); since then d64 gains too
+// (bwd TFLOP/s, 100 calls, two builds each, on / off: causal B4 T4k 415,
+// 410 / 408, 408; B16 T1k 256, 255 / 253, 254; cap30 342, 344 / 336, 341;
+// docs/hopper.md Backward TODO 9), so every d takes it.
 constexpr bool kBwdTmaStoreGradients = true;
-constexpr int kBwdTmaStoreGradientsMinD = 64;
-constexpr bool bwd_tma_store_gradients(int d) {
-  return kBwdTmaStoreGradients && d >= kBwdTmaStoreGradientsMinD;
-}
 // The staged dK, dV and dQ (kBwdTmaStoreGradients) written into shared
 // memory by stmatrix.x4 (staged_store.cuh stage_rows; the forward's switch
 // is tile_sizes.hpp kStmatrixStaging). H200 (bwd TFLOP/s, mean of three
@@ -147,20 +147,6 @@ constexpr int kDqConvertCtasPerSm = 4;
 constexpr bool kBwdDqByTurns = true;
 constexpr int kBwdDqByTurnsMaxD = 64;
 constexpr bool dq_by_turns(int d) { return kBwdDqByTurns && d <= kBwdDqByTurnsMaxD; }
-// Fused dQ in lockstep (not by turns; d = 128): step t's dK += dS^T Q is
-// issued at the top of step t + 1, behind that step's S^T and dP^T, with
-// dS^T read from the step's dS buffer (which the dQ wgmma reads too; SS,
-// dS^T K-major there); step t + 1 releases ring slot t once it has
-// completed. After the barrier of step t only dQ and dV are left, and the
-// dQ partial is staged while dV runs. Why: the two warpgroups reach their
-// element-wise phase (P^T, then dS^T) together, so without it the tensor
-// pipe has only dP^T to run through that phase; dK's accumulators are live
-// anyway, so the lag costs no registers (issuing the lagged dQ there
-// instead needs 32 more and made ptxas spill about 390 bytes in the
-// loop). Off: dV before dS^T is formed (kBwdOverlapDv), dQ and dK after
-// the barrier, the partial staged while dK runs.
-constexpr bool kBwdLaggedDk = true;
-constexpr bool dk_lagged(int d) { return kBwdLaggedDk && !dq_by_turns(d); }
 
 // d = 256: one consumer warpgroup cannot hold dK and dV of 64 rows (2 x 128
 // f32 registers per thread); split_d(d) says the two share each tile, the
@@ -283,8 +269,6 @@ struct DkdvTile {
   static constexpr bool kFusedDqSupported = fused_dq_supported(kD);
   static constexpr bool kDqByTurns = dq_by_turns(kD);
   static constexpr int kDqCols = kDqByTurns ? kD : kD / 2;
-  // With the fused dQ only (it needs the dS buffer).
-  static constexpr bool kDkLagged = kFusedDqSupported && !kSplitD && dk_lagged(kD);
 };
 // dQ kernel at d = 256 with whole rows: each consumer warpgroup owns 64
 // query rows and all 256 dQ columns (128 f32 registers per thread), over key

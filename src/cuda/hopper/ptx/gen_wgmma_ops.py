@@ -16,7 +16,6 @@ SS_N = (32, 64, 128, 176, 192)  # S = Q K^T: N = key tile (kBlockN; 176: the wid
 RS_N = (8, 64, 128, 256)  # O += P V:  N = head dimension; 8: P times a ones tile (row sums)
 RS_K_N = (128, 192)    # S = Q K^T with Q from registers (kQInRegisters): N = key tile
 SS_MN_N = (32, 64, 128)  # backward dQ = dS K: N = d / 2 (both warpgroups) or d (by turns)
-SS_KMN_N = (128,)  # backward dK += dS^T Q, dS^T from the dS buffer (kBwdLaggedDk): N = d
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 
@@ -28,24 +27,18 @@ def regs(first, count):
     return ", ".join(f"%{first + i}" for i in range(count))
 
 
-def smem_smem(n, ptype, name, major, trans, trans_b=None):
-    """Both operands from shared memory; `trans` is imm-trans-a, `trans_b`
-    imm-trans-b (the same unless given)."""
-    trans_b = trans if trans_b is None else trans_b
+def smem_smem(n, ptype, name, major, trans):
+    """Both operands from shared memory; `trans` is imm-trans-a = imm-trans-b."""
     acc = n // 2
     pad = " " * len(name)  # aligns the second parameter line under the first
-    major_a, major_b = (major, major) if trans == trans_b else major
-    if trans != trans_b:
-        note = f"\n  // (imm-trans-a = {trans}, imm-trans-b = {trans_b})"
-    else:
-        note = "" if trans == 0 else f"\n  // (imm-trans-a = imm-trans-b = {trans})"
-    return f"""  // D(64 x {n}) (+)= A(64 x 16, smem, {major_a}) * B(16 x {n}, smem, {major_b}){note}.
+    note = "" if trans == 0 else "\n  // (imm-trans-a = imm-trans-b = 1)"
+    return f"""  // D(64 x {n}) (+)= A(64 x 16, smem, {major}) * B(16 x {n}, smem, {major}){note}.
   __device__ __forceinline__ static void {name}(float (&d)[{n // 8}][4], uint64_t desc_a,
                                           {pad}uint64_t desc_b, int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-        "{{{regs(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, {trans}, {trans_b};\\n}}\\n"
+        "{{{regs(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, {trans}, {trans};\\n}}\\n"
         : {operands(n)}
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
   }}
@@ -58,10 +51,6 @@ def ss(n, ctype, ptype):
 
 def ss_mn(n, ptype):
     return smem_smem(n, ptype, "ss_mn", "MN-major", 1)
-
-
-def ss_kmn(n, ptype):
-    return smem_smem(n, ptype, "ss_kmn", ("K-major", "MN-major"), 0, 1)
 
 
 def reg_smem(n, ptype, name, major, trans_b):
@@ -101,9 +90,6 @@ def main():
 //       (imm-trans-b = 0): S = Q K^T with Q in registers (kQInRegisters).
 //   ss_mn: D = A B (+ D), both from shared memory, both MN-major
 //       (imm-trans-a = imm-trans-b = 1): the backward's fused dQ = dS K.
-//   ss_kmn: D = A B (+ D), both from shared memory, A K-major, B MN-major
-//       (imm-trans-a = 0, imm-trans-b = 1): the backward's dK += dS^T Q with
-//       dS^T read from the fused dQ's dS buffer.
 // d[i][e] is the f32 accumulator in the m16n8 C-fragment order of
 // wgmma.cuh. Checked by compiling and by tests/gpu/test_hopper_forward.cpp.
 #pragma once
@@ -120,7 +106,7 @@ template <int N, typename Elem>
 struct Wgmma;
 """)
     for ctype, ptype in TYPES:
-        for n in sorted(set(SS_N) | set(RS_N) | set(RS_K_N) | set(SS_MN_N) | set(SS_KMN_N)):
+        for n in sorted(set(SS_N) | set(RS_N) | set(RS_K_N) | set(SS_MN_N)):
             if n in SS_N:
                 body = ss(n, ctype, ptype)
             else:
@@ -131,8 +117,6 @@ struct Wgmma;
                 body += rs_k(n, ptype)
             if n in SS_MN_N:
                 body += ss_mn(n, ptype)
-            if n in SS_KMN_N:
-                body += ss_kmn(n, ptype)
             body += "};\n"
             print(body)
     print("}  // namespace gqattn::hopper::ptx")
