@@ -248,6 +248,36 @@ __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
   if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
 }
 
+// Fused dQ in lockstep: this warpgroup's columns of one step's partial dS
+// K, committed as one wgmma group. A is the step's dS buffer (both
+// warpgroups' keys), B this warpgroup's columns of the K tile (k_dq_cols),
+// both MN-major.
+template <int kD, typename Elem>
+__device__ __forceinline__ void issue_dq_partial(float (&dq)[DkdvTile<kD>::kDqCols / 8][4],
+                                                 uint32_t ds_buf, uint32_t k_dq_cols) {
+  constexpr int kBN = DkdvTile<kD>::kBlockN;
+#pragma unroll
+  for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
+    ptx::Wgmma<DkdvTile<kD>::kDqCols, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk),
+                                                   mn_major<kBN>(k_dq_cols, kk), kk > 0);
+  ptx::wgmma_commit();
+}
+
+// Fused dQ in lockstep: stages this warpgroup's half of step t's partial
+// (complete in dq) once the writer has read step t - 1's, fences it for the
+// bulk copy and announces it to step t's writer.
+template <int kD>
+__device__ __forceinline__ void stage_dq_partial(uint32_t smem,
+                                                 const float (&dq)[DkdvTile<kD>::kDqCols / 8][4],
+                                                 int wg, int t, int lane) {
+  using L = DkdvSmem<kD, true>;
+  ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
+  stage_dq<DkdvTile<kD>::kDqCols>(smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / 2), dq);
+  ptx::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
+}
+
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
 // [n0 + 64 wg, n0 + 64 wg + 64), all d columns; or, split over d
 // (DkdvTile::kSplitD), keys [n0, n0 + 64) and dK, dV columns
@@ -426,17 +456,9 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       for (int kk = 0; kk < kStepsM; ++kk)
         ptx::Wgmma<kDW, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile + wg_cols, kk), 1);
     }
-    if constexpr (kFusedDq) {
-      // dQ partial of the step's 64 queries before dK, so that it is staged
-      // while dK's wgmma runs: dS (both warpgroups' keys) times K, this
-      // warpgroup's columns; A is the dS buffer and B the K tile, both
-      // MN-major.
-#pragma unroll
-      for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
-        ptx::Wgmma<kDqCols, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk),
-                                         mn_major<kBN>(k_dq_cols, kk), kk > 0);
-      ptx::wgmma_commit();
-    }
+    // The dQ partial of the step's queries before dK, so that it is staged
+    // while dK's wgmma runs.
+    if constexpr (kFusedDq) issue_dq_partial<kD, Elem>(dq, ds_buf, k_dq_cols);
 #pragma unroll
     for (int kk = 0; kk < kStepsM; ++kk)
       ptx::Wgmma<kDW, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile + wg_cols, kk), 1);
@@ -445,13 +467,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       // The dV and dQ groups have completed; dK's may still run.
       ptx::wgmma_wait<1>();
       ptx::pin(dq);
-      // Stage the partial once the writer has read the previous step's.
-      ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
-      stage_dq<kDqCols>(smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / 2), dq);
-      ptx::fence_proxy_async_shared();
-      __syncwarp();
-      if (lane == 0)
-        ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
+      stage_dq_partial<kD>(smem, dq, wg, t, lane);
     }
     ptx::wgmma_wait<0>();
     ptx::pin(dv);
@@ -462,7 +478,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
   }
 
   const int col0 = kSplit ? wg * kDW : 0;
-  if (bwd_tma_store_gradients(kD) && p.grads_by_tma) {
+  if (kBwdTmaStoreGradients && p.grads_by_tma) {
     const uint32_t dk_staging = smem + L::kGradStaging + uint32_t(2 * wg) * L::kGradTileBytes;
     const uint32_t dv_staging = dk_staging + L::kGradTileBytes;
     staging_acquire();

@@ -173,7 +173,7 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
 
-  if (bwd_tma_store_gradients(kD) && p.grads_by_tma) {
+  if (kBwdTmaStoreGradients && p.grads_by_tma) {
     // Warpgroup 0 holds dV, warpgroup 1 dK, of the same 64 keys.
     const uint32_t staging = smem + L::kGradStaging + uint32_t(wg) * L::kGradTileBytes;
     staging_acquire();

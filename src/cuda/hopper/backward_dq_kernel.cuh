@@ -257,7 +257,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   }
 
   const int col0 = kSplit ? wg * kDW : 0;
-  if (bwd_tma_store_gradients(kD) && p.grads_by_tma) {
+  if (kBwdTmaStoreGradients && p.grads_by_tma) {
     const uint32_t staging = smem + L::kGradStaging + uint32_t(wg) * L::kGradTileBytes;
     staging_acquire();
     stage_rows<kDW, Elem, kBwdStmatrixStaging>(staging, dq, p.dkdq_scale);

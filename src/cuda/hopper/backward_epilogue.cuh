@@ -1,5 +1,5 @@
 // cuda-hopper backward: the gradients' staged epilogue (where
-// bwd_tma_store_gradients(d) and BackwardParams::grads_by_tma). At the end of a CTA the consumer
+// kBwdTmaStoreGradients and BackwardParams::grads_by_tma). At the end of a CTA the consumer
 // warpgroups hold dK and dV (dK/dV kernel) or dQ (dQ kernel) as f32 wgmma
 // accumulators, 64 rows x kDW columns per warpgroup. Instead of 32-bit
 // stores from registers (store_rows), which a warp issues as scattered

@@ -46,7 +46,7 @@ struct BackwardParams {
   CUtensorMap do_map;
   // Maps of dq [B, Tq, H, d] and dk, dv [B, Tk, Hkv, d], boxes of 64 rows:
   // the gradients go out by TMA when grads_by_tma (all three meet TMA's
-  // alignment) and bwd_tma_store_gradients(d), else by plain stores through c's
+  // alignment) and kBwdTmaStoreGradients, else by plain stores through c's
   // pointers and strides.
   CUtensorMap dq_map;
   CUtensorMap dk_map;

@@ -65,12 +65,12 @@ constexpr bool kBwdOverlapDv = true;
 // two builds each): causal B16 T1k 346, 349 / 330, 329; window 1024 371,
 // 387 / 377, 357; T4k 511, 528 / 514, 507; B1 T16k 555, 554 / 557, 552;
 // d256 causal T4k 413, 420 / 390, 396; cap30 452, 449 / 449, 447; but d64
-// causal T4k 391, 395 / 407, 403: hence only for d >= kBwdTmaStoreGradientsMinD.
+// causal T4k 391, 395 / 407, 403, so d64 kept its plain stores until the
+// staging went by stmatrix (kBwdStmatrixStaging); since then d64 gains too
+// (bwd TFLOP/s, 100 calls, two builds each, on / off: causal B4 T4k 415,
+// 410 / 408, 408; B16 T1k 256, 255 / 253, 254; cap30 342, 344 / 336, 341;
+// docs/hopper.md Backward TODO 9), so every d takes it.
 constexpr bool kBwdTmaStoreGradients = true;
-constexpr int kBwdTmaStoreGradientsMinD = 128;
-constexpr bool bwd_tma_store_gradients(int d) {
-  return kBwdTmaStoreGradients && d >= kBwdTmaStoreGradientsMinD;
-}
 // The staged dK, dV and dQ (kBwdTmaStoreGradients) written into shared
 // memory by stmatrix.x4 (staged_store.cuh stage_rows; the forward's switch
 // is tile_sizes.hpp kStmatrixStaging). H200 (bwd TFLOP/s, mean of three
