@@ -314,10 +314,10 @@ TEST(HopperBackwardSupport, GridGroupSwitchErrors) {
 // A dk row stride of Hkv*d + 2 elements (4-byte pieces, not 16-byte ones):
 // TMA cannot store it, so dq, dk and dv all take the plain 32-bit stores
 // instead of the staged TMA stores (backward_tile_sizes.hpp
-// kBwdTmaStoreGradients, d >= 128); they must give the bits of the run
+// kBwdTmaStoreGradients, every d); they must give the bits of the run
 // with packed gradients (staged) and leave dk's gaps between rows alone.
-// Every head dimension (d64 stores plainly both times), each dQ path it
-// has, causal, GQA 2, T not a multiple of the 64-row stores.
+// Every head dimension, each dQ path it has, causal, GQA 2, T not a
+// multiple of the 64-row stores.
 TEST(HopperBackwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
   struct Run {
     int64_t d;
