@@ -116,6 +116,36 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
   }
 }
 
+// Fused dQ: this warpgroup's columns of one step's partial dS K, committed
+// as one wgmma group. A is the step's dS buffer (both warpgroups' keys), B
+// the warpgroup's columns of the K tile (k_dq_cols; by turns, all of them:
+// the tile itself), both MN-major.
+template <int kD, typename Elem>
+__device__ __forceinline__ void issue_dq_partial(float (&dq)[DkdvTile<kD>::kDqCols / 8][4],
+                                                 uint32_t ds_buf, uint32_t k_dq_cols) {
+  constexpr int kBN = DkdvTile<kD>::kBlockN;
+#pragma unroll
+  for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
+    ptx::Wgmma<DkdvTile<kD>::kDqCols, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk),
+                                                   mn_major<kBN>(k_dq_cols, kk), kk > 0);
+  ptx::wgmma_commit();
+}
+
+// Fused dQ in lockstep: stages this warpgroup's half of step t's partial
+// (complete in dq) once the writer has read step t - 1's, fences it for the
+// bulk copy and announces it to step t's writer.
+template <int kD>
+__device__ __forceinline__ void stage_dq_partial(uint32_t smem,
+                                                 const float (&dq)[DkdvTile<kD>::kDqCols / 8][4],
+                                                 int wg, int t, int lane) {
+  using L = DkdvSmem<kD, true>;
+  ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
+  stage_dq<DkdvTile<kD>::kDqCols>(smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / 2), dq);
+  ptx::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
+}
+
 // Fused dQ by turns (dq_by_turns): the rest of step t once dS^T is packed
 // (dsa; P^T in pa, dV's wgmma already committed when kBwdOverlapDv). Both
 // warpgroups put their dS^T rows into the step's buffer and run dK (and dV);
@@ -133,7 +163,6 @@ __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
     const uint32_t (&dsa)[kStepsM][4], float (&dv)[kD / 8][4], float (&dk)[kD / 8][4]) {
   using Tile = DkdvTile<kD>;
   using L = DkdvSmem<kD, true>;
-  constexpr int kBN = Tile::kBlockN;
   constexpr int kBM = Tile::kBlockM;
   constexpr uint32_t kPairThreads = kBwdConsumerWarpgroups * kWarpgroupThreads;
   static_assert(!Tile::kSplitD && Tile::kDqCols == kD, "by turns: whole rows of d");
@@ -170,11 +199,7 @@ __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
   ptx::named_barrier_sync(kDsSentBarrier + buffer, kPairThreads);
   float dq[kD / 8][4];
   ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
-    ptx::Wgmma<kD, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk), mn_major<kBN>(smem + L::kK, kk),
-                                kk > 0);
-  ptx::wgmma_commit();
+  issue_dq_partial<kD, Elem>(dq, ds_buf, smem + L::kK);
   ptx::wgmma_wait<0>();
   ptx::pin(dq);
   if (t + 2 < w.steps) ptx::named_barrier_arrive(kDsFreeBarrier + buffer, kPairThreads);
@@ -182,36 +207,6 @@ __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
   // (buffer t % 2 holds steps t - 2, t: phase parity (t / 2) & 1).
   ptx::mbar_wait(smem + L::kDqEmpty + buffer * L::kBarrierBytes, uint32_t((t >> 1) & 1) ^ 1u);
   stage_dq<kD>(smem + L::kDqStage + buffer * L::kDqStageBytes, dq);
-  ptx::fence_proxy_async_shared();
-  __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
-}
-
-// Fused dQ in lockstep: this warpgroup's columns of one step's partial dS
-// K, committed as one wgmma group. A is the step's dS buffer (both
-// warpgroups' keys), B this warpgroup's columns of the K tile (k_dq_cols),
-// both MN-major.
-template <int kD, typename Elem>
-__device__ __forceinline__ void issue_dq_partial(float (&dq)[DkdvTile<kD>::kDqCols / 8][4],
-                                                 uint32_t ds_buf, uint32_t k_dq_cols) {
-  constexpr int kBN = DkdvTile<kD>::kBlockN;
-#pragma unroll
-  for (int kk = 0; kk < kBN / kWgmmaK; ++kk)
-    ptx::Wgmma<DkdvTile<kD>::kDqCols, Elem>::ss_mn(dq, mn_major<kBN>(ds_buf, kk),
-                                                   mn_major<kBN>(k_dq_cols, kk), kk > 0);
-  ptx::wgmma_commit();
-}
-
-// Fused dQ in lockstep: stages this warpgroup's half of step t's partial
-// (complete in dq) once the writer has read step t - 1's, fences it for the
-// bulk copy and announces it to step t's writer.
-template <int kD>
-__device__ __forceinline__ void stage_dq_partial(uint32_t smem,
-                                                 const float (&dq)[DkdvTile<kD>::kDqCols / 8][4],
-                                                 int wg, int t, int lane) {
-  using L = DkdvSmem<kD, true>;
-  ptx::mbar_wait(smem + L::kDqEmpty, uint32_t(t & 1) ^ 1u);
-  stage_dq<DkdvTile<kD>::kDqCols>(smem + L::kDqStage + uint32_t(wg) * (L::kDqStageBytes / 2), dq);
   ptx::fence_proxy_async_shared();
   __syncwarp();
   if (lane == 0) ptx::mbar_arrive(smem + L::kDqFull + uint32_t(t % kDqWriters) * L::kBarrierBytes);
