@@ -113,6 +113,28 @@ TEST(HopperOperandLayout, AccumulatorStmatrixPutsEachPairAtItsKMajorPlace) {
       }
 }
 
+// The fused dQ's dS^T stores (backward_dq_fused.cuh store_ds_rows) by
+// stmatrix.x4 (kBwdStmatrixDs): register j of k-step kk's A fragment
+// (row g + 8 (j & 1), columns 16 kk + 8 (j >> 1) + 2t of the warp's 16
+// rows) must land where the 32-bit form stores it: row r at r * 128 bytes,
+// its 16-byte chunk c at c ^ (r % 8), the pair at 4t within the chunk.
+TEST(HopperOperandLayout, DsStmatrixPutsEachPairWhereThe32BitStoresDo) {
+  constexpr int kDsRows = 64;  // a warpgroup's keys
+  constexpr int kSteps = 4;    // k-steps of 16 queries: one 128-byte row
+  for (int warp = 0; warp < 4; ++warp)
+    for (int kk = 0; kk < kSteps; ++kk)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int j = 0; j < 4; ++j) {
+          const int g = lane / 4, t = lane % 4;
+          const uint32_t r = uint32_t(warp * 16 + g + 8 * (j & 1));
+          const uint32_t chunk = uint32_t(2 * kk + (j >> 1));
+          const uint32_t want = r * 128 + ((chunk ^ (r % 8)) << 4) + uint32_t(4 * t);
+          const uint32_t got =
+              accumulator_stmatrix_offset(2 * kk, warp, 8 * j + g, kDsRows) + uint32_t(4 * t);
+          ASSERT_EQ(got, want) << "warp " << warp << " kk " << kk << " lane " << lane << " j " << j;
+        }
+}
+
 // store_output_by_warp_chunks's stmatrix.x4 (kStmatrixStaging), simulated
 // as above: each thread's pair (piece j, rows t / 4 and t / 4 + 8, columns
 // 2 (t % 4), + 1 of the piece) must land where the 32-bit stores put it,

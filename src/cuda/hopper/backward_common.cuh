@@ -134,13 +134,30 @@ __device__ __forceinline__ int stat_index(int nt, int e, int lane) {
   return kRowsAreKeys ? nt * flash::kMmaN + flash::frag_col(lane) + (e & 1) : e / 2;
 }
 
+// The lse2 or dsum value of accumulator element (nt, e). kPairLoads (rows
+// are keys only): the block's two columns of this thread are adjacent and
+// 8-byte aligned, so one 64-bit load serves elements 0-3 (ptxas issues two
+// 32-bit loads for the scalar form and does not merge them); it is the
+// caller's choice because in the softcap dK/dV kernels, at R237 of 240, the
+// pair's longer-lived register made ptxas spill 12 bytes.
+template <bool kRowsAreKeys, bool kPairLoads>
+__device__ __forceinline__ float stat_value(const float* stat, int nt, int e, int lane) {
+  static_assert(kRowsAreKeys || !kPairLoads, "pairs are the columns of one row's block");
+  if constexpr (kPairLoads) {
+    const float2 pair = *reinterpret_cast<const float2*>(stat + stat_index<true>(nt, 0, lane));
+    return (e & 1) ? pair.y : pair.x;
+  } else {
+    return stat[stat_index<kRowsAreKeys>(nt, e, lane)];
+  }
+}
+
 // s <- P = 2^(s * mult - lse2) with masked elements 0; `mult` is
 // ScoreArgs::mult, or under softcap, where s holds r (p_and_ds_factor) and
 // the workspace lse2 - mult, -2 mult. The warpgroup's tile is rows
 // [wg_row0, wg_row0 + kWgmmaM) (this warp's from warp_row0) by columns
 // [col0, col0 + 8 kNT); the mask is applied only when some element of it is
 // not kept. Queries past Tq have lse2 = +inf: P = 0.
-template <bool kRowsAreKeys, int kNT>
+template <bool kRowsAreKeys, int kNT, bool kPairLoads = false>
 __device__ __forceinline__ void p_from_scores(float (&s)[1][kNT][4], const float* lse2, float mult,
                                               const flash::MaskPolicy& mask, int wg_row0,
                                               int warp_row0, int col0, int lane) {
@@ -148,8 +165,8 @@ __device__ __forceinline__ void p_from_scores(float (&s)[1][kNT][4], const float
   for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      s[0][nt][e] =
-          flash::fast_exp2(fmaf(s[0][nt][e], mult, -lse2[stat_index<kRowsAreKeys>(nt, e, lane)]));
+      s[0][nt][e] = flash::fast_exp2(
+          fmaf(s[0][nt][e], mult, -stat_value<kRowsAreKeys, kPairLoads>(lse2, nt, e, lane)));
   constexpr int kCols = kNT * flash::kMmaN;
   const bool kept = kRowsAreKeys ? mask.fully_kept(col0, kCols, wg_row0, kWgmmaM)
                                  : mask.fully_kept(wg_row0, kWgmmaM, col0, kCols);
@@ -157,12 +174,13 @@ __device__ __forceinline__ void p_from_scores(float (&s)[1][kNT][4], const float
 }
 
 // dp <- dP - D (D = 0 past Tq: workspace padding).
-template <bool kRowsAreKeys, int kNT>
+template <bool kRowsAreKeys, int kNT, bool kPairLoads = false>
 __device__ __forceinline__ void dp_minus_d(float (&dp)[1][kNT][4], const float* dsum, int lane) {
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dp[0][nt][e] -= dsum[stat_index<kRowsAreKeys>(nt, e, lane)];
+    for (int e = 0; e < 4; ++e)
+      dp[0][nt][e] -= stat_value<kRowsAreKeys, kPairLoads>(dsum, nt, e, lane);
 }
 
 // Under softcap, one score: s <- r = 1 / (e^(2 S pre) + 1), and returns
@@ -258,12 +276,14 @@ __device__ __forceinline__ void p_and_dp_minus_d(float (&s)[1][kNT][4], float (&
       for (int e = 0; e < 4; ++e) dp[0][nt][e] *= factor[nt][e];
   } else if constexpr (kOverlapSdP) {
     // The S group has completed; dP (not read here) may still run.
+    // lse2 and D by pairs where the rows are keys (stat_value).
     ptx::wgmma_wait<1>();
     ptx::pin(s[0]);
-    p_from_scores<kRowsAreKeys>(s, lse2, score.mult, mask, wg_row0, warp_row0, col0, lane);
+    p_from_scores<kRowsAreKeys, kNT, kRowsAreKeys>(s, lse2, score.mult, mask, wg_row0, warp_row0,
+                                                   col0, lane);
     ptx::wgmma_wait<0>();
     ptx::pin(dp[0]);
-    dp_minus_d<kRowsAreKeys>(dp, dsum, lane);
+    dp_minus_d<kRowsAreKeys, kNT, kRowsAreKeys>(dp, dsum, lane);
   } else {
     ptx::wgmma_wait<0>();
     ptx::pin(s[0]);

@@ -11,7 +11,9 @@
 
 #include "cuda/hopper/backward_params.hpp"
 #include "cuda/hopper/backward_tile_sizes.hpp"
+#include "cuda/hopper/operand_layout.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
+#include "cuda/hopper/ptx/stmatrix.cuh"
 #include "cuda/hopper/tile_sizes.hpp"
 
 namespace gqattn::hopper::bwd {
@@ -43,13 +45,24 @@ constexpr unsigned kDqSpinNs = 64;
 // a[kk][j] holds row g + 8 (j & 1), columns 16 kk + 8 (j >> 1) + 2t, +1 of
 // the warp's 16 rows) into 128-byte rows with the 128-byte swizzle (16-byte
 // chunk c of row r at chunk c ^ (r % 8)): the MN-major layout of dS as the
-// A operand of dQ = dS K (M = queries contiguous, K = keys along rows).
-// A warp's 32 stores of one (kk, j) hit 8 rows x 4 words in 8 different
-// chunks: no bank conflicts.
+// A operand of dQ = dS K (M = queries contiguous, K = keys along rows),
+// i.e. a K-major [64][64] tile (operand_layout.hpp k_major_offset).
+// kBwdStmatrixDs: one stmatrix.x4 per k-step, a[kk][j] being exactly the
+// register j of accumulator_stmatrix_offset(2 kk, ...) (both are the m16n8
+// C / A fragment's pairs; tests/cpu/test_hopper_operand_layout.cpp checks
+// that offset). Otherwise 32-bit stores: a warp's 32 stores of one (kk, j)
+// hit 8 rows x 4 words in 8 different chunks. No bank conflicts either way.
 template <int kSteps>
 __device__ __forceinline__ void store_ds_rows(uint32_t rows, const uint32_t (&a)[kSteps][4],
                                               int warp, int lane) {
   static_assert(kSteps * kWgmmaK * kElemBytes == kSwizzleBytes, "one 128-byte row of queries");
+  if constexpr (kBwdStmatrixDs) {
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk)
+      ptx::stmatrix_x4(rows + accumulator_stmatrix_offset(2 * kk, warp, lane, kWgmmaM), a[kk][0],
+                       a[kk][1], a[kk][2], a[kk][3]);
+    return;
+  }
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk)

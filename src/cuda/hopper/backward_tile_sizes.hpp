@@ -77,6 +77,12 @@ constexpr bool kBwdTmaStoreGradients = true;
 // runs on / six off, 100 calls each): d128 causal B16 T1k 350 / 337, T4k
 // 502 / 503, d256 causal T4k 410 / 408 (docs/hopper.md forward TODO 11).
 constexpr bool kBwdStmatrixStaging = true;
+// The fused dQ's dS^T stores (backward_dq_fused.cuh store_ds_rows) by
+// stmatrix.x4: 4 instructions per thread and step instead of 16 32-bit
+// stores, in the phase where both consumer warpgroups meet (the dS^T
+// stores, their fence and the named barrier were 9% of the d128 consumer
+// loop's samples, docs/hopper.md Backward TODO 4). Off: 32-bit stores.
+constexpr bool kBwdStmatrixDs = true;
 // Ring depth of Q/dO (dK/dV kernel) and K/V (dQ kernel) for d <= 128:
 // 3 slots (shared memory allows it at one CTA per SM) instead of 2.
 constexpr bool kBwdDeepRing = true;
