@@ -255,6 +255,12 @@ def main(argv=None):
     for path in args.runs:
         with open(path) as f:
             runs.append(json.load(f))
+    for path, one in zip(args.runs, runs):
+        if one.get("partial"):
+            at = one.get("stopped_at") or {}
+            print(f"note: {path} is partial, stopped in round {at.get('round', 0) + 1} at "
+                  f"{at.get('shape')} (bench/side_by_side.py): lines it did not reach on "
+                  f"both sides have no ratio from it")
     run = runs[0] if len(runs) == 1 else pool_runs(runs)
     if args.spread:
         print(f"{args.ours} in {', '.join(args.runs)}"

@@ -28,6 +28,12 @@ rounds: the same build moves by up to 13% between runs on the H200
 decide them. The JSON keeps every round's records ("results", each with
 its "round") and the medians ("medians"), which bench/plot.py draws.
 
+Stopped early (SIGTERM, as `timeout` sends, or Ctrl-C), it still prints
+the tables and writes the JSON over what it measured so far, with
+"partial": true and the shape it stopped on ("stopped_at"), then exits
+with status 3: a sustained run that outgrows its device call keeps its
+rows (2026-12-03, docs/performance.md). A second signal stops it at once.
+
 --match keeps the shapes whose label (as printed, e.g. "cap30" or "d256")
 contains TEXT, for a short run of the shapes a change touched; the tables
 of docs/performance.md are full runs.
@@ -73,6 +79,7 @@ import glob
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -321,8 +328,10 @@ def flex(T, causal, window, softcap, dev="cuda"):
     return f
 
 
-def torch_side(cfgs, repeats_of, results):
-    """PyTorch's backends on every shape; repeats_of(cfg): the timed calls."""
+def torch_side(cfgs, repeats_of, results, progress=None):
+    """PyTorch's backends on every shape; repeats_of(cfg): the timed calls.
+    progress (a dict), if given, gets the label of the shape being timed
+    ("shape"), for the message of a run stopped early."""
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -356,6 +365,8 @@ def torch_side(cfgs, repeats_of, results):
             return ((o[:1, rows] - ref).norm() / ref.norm()).item()
 
     for cfg in cfgs:
+        if progress is not None:
+            progress["shape"] = shape_key(cfg)
         B, T, H, Hkv, d, causal, window, softcap = cfg
         fl = 4.0 * d * H * B * kept_pairs(T, T, causal, window)
         candidates = []
@@ -449,28 +460,46 @@ def main():
     bench = None if args.torch_only else find_bench(args.bench)
     if bench is None and not args.torch_only:
         print("gqattn_bench not found (build it, or pass --bench)", file=sys.stderr)
-    for round_index in range(args.rounds):
-        if args.rounds > 1:
-            print(f"round {round_index + 1} of {args.rounds}", flush=True)
-        first = len(results)
-        if bench is not None:
-            for cfg in cfgs:
-                for backend, deterministic in ours_entries:
-                    rec = run_ours(bench, cfg, repeats_for(cfg, args.repeats, args.sustained),
-                                   backend, deterministic)
-                    rec["backend"] = ("gqattn:" + rec.get("backend", backend) +
-                                      ("" if deterministic else ":" + NONDET))
-                    rec["deterministic"] = deterministic
-                    rec["shape"] = shape_key(cfg)
-                    results.append(rec)
-                    print(f"  {rec['backend']:12s} {rec['shape']:40s} "
-                          f"fwd {rec.get('fwd_tflops', float('nan')):7.1f} "
-                          f"bwd {rec.get('bwd_tflops', float('nan')):7.1f} "
-                          f"{rec.get('error', '')}", flush=True)
-        if not args.ours_only:
-            torch_side(cfgs, lambda c: repeats_for(c, args.repeats, args.sustained), results)
-        for rec in results[first:]:
-            rec["round"] = round_index
+    progress = dict(round=0, shape=None)
+    stopped = False
+    previous_term = signal.signal(signal.SIGTERM, stop_early)
+    try:
+        for round_index in range(args.rounds):
+            progress["round"] = round_index
+            if args.rounds > 1:
+                print(f"round {round_index + 1} of {args.rounds}", flush=True)
+            if bench is not None:
+                for cfg in cfgs:
+                    progress["shape"] = shape_key(cfg)
+                    for backend, deterministic in ours_entries:
+                        rec = run_ours(bench, cfg, repeats_for(cfg, args.repeats, args.sustained),
+                                       backend, deterministic)
+                        rec["backend"] = ("gqattn:" + rec.get("backend", backend) +
+                                          ("" if deterministic else ":" + NONDET))
+                        rec["deterministic"] = deterministic
+                        rec["shape"] = shape_key(cfg)
+                        rec["round"] = round_index
+                        results.append(rec)
+                        print(f"  {rec['backend']:12s} {rec['shape']:40s} "
+                              f"fwd {rec.get('fwd_tflops', float('nan')):7.1f} "
+                              f"bwd {rec.get('bwd_tflops', float('nan')):7.1f} "
+                              f"{rec.get('error', '')}", flush=True)
+            if not args.ours_only:
+                first = len(results)
+                torch_side(cfgs, lambda c: repeats_for(c, args.repeats, args.sustained), results,
+                           progress)
+                for rec in results[first:]:
+                    rec["round"] = round_index
+    except (StoppedEarly, KeyboardInterrupt):
+        stopped = True
+        print(f"\nstopped early in round {progress['round'] + 1}, at {progress['shape']}: "
+              f"the tables and the JSON hold what was measured", file=sys.stderr, flush=True)
+    finally:
+        # A second signal while the summary is written ends the run as usual.
+        signal.signal(signal.SIGTERM, previous_term)
+        # torch_side's records of the round it stopped in have no round yet.
+        for rec in results:
+            rec.setdefault("round", progress["round"])
     sampler.stop()
     annotate_clocks(results, sampler)
     medians, table = summarise(cfgs, results, args.rounds)
@@ -479,9 +508,31 @@ def main():
     path = os.path.join(args.out, "side_by_side.json")
     with open(path, "w") as fh:
         json.dump(dict(results=results, medians=medians, table=table,
-                       power_field=sampler.power_field, sustained_s=args.sustained), fh,
+                       power_field=sampler.power_field, sustained_s=args.sustained,
+                       partial=stopped,
+                       stopped_at=(dict(round=progress["round"], shape=progress["shape"])
+                                   if stopped else None)), fh,
                   indent=1)
-    print(f"\nwrote {path}")
+    print(f"\nwrote {path}" + (" (partial)" if stopped else ""))
+    if stopped:
+        sys.exit(EXIT_STOPPED_EARLY)
+
+
+# Exit status of a run stopped early that still wrote its partial JSON
+# (neither 0, a complete run, nor 1 / 2, a failure or a usage error).
+EXIT_STOPPED_EARLY = 3
+
+
+class StoppedEarly(BaseException):
+    """Raised from the SIGTERM handler: the measurement loop stops and
+    what was measured is still summarised and written. A BaseException,
+    as KeyboardInterrupt is, so that run_ours's and torch_side's
+    `except Exception` (a failed backend is reported, the run goes on) do
+    not take it for a failed measurement."""
+
+
+def stop_early(signum, frame):
+    raise StoppedEarly()
 
 
 METRICS = ("fwd_tflops", "bwd_tflops")

@@ -170,3 +170,21 @@ def test_spread_shows_which_side_moved(tmp_path, capsys):
     out = capsys.readouterr().out
     t4k_fwd = next(line for line in out.splitlines() if criteria.T4K in line and "| fwd |" in line)
     assert "| 2 | 613 [610-616] 1.0% | 552 [520-585] 11.8% |" in t4k_fwd
+
+
+def test_a_partial_run_is_named_as_such(anchors_dir, tmp_path, capsys):
+    # side_by_side.py stopped early (partial, stopped_at): the table still
+    # reads what it holds, under a note naming the run and where it stopped.
+    run = {"results": [record(OURS, criteria.T4K, 0, 660.0, 1.0),
+                       record("sdpa-cudnn", criteria.T4K, 0, 600.0, 1.0)],
+           "partial": True, "stopped_at": {"round": 0, "shape": criteria.T16K}}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(dict(run, partial=False, stopped_at=None)))
+    criteria.main([str(path), "--anchors", anchors_dir])
+    out = capsys.readouterr().out
+    assert f"note: {path} is partial, stopped in round 1 at {criteria.T16K}" in out
+    assert any(criteria.T4K in line and "1.100" in line for line in out.splitlines())
+    criteria.main([str(whole), "--anchors", anchors_dir])
+    assert "note:" not in capsys.readouterr().out

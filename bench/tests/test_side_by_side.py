@@ -1,7 +1,10 @@
 """The host-side logic of bench/side_by_side.py, without a GPU: the exact
 FLOP count's kept pairs, and the clock sampler's parsing of nvidia-smi
-lines and their attribution to each record's timed calls. The timing
-itself is checked by running the script on the GPU machine."""
+lines and their attribution to each record's timed calls, and (with a
+stand-in for gqattn_bench) a run stopped by SIGTERM writing what it
+measured. The timing itself is checked by running the script on the GPU
+machine."""
+import json
 import os
 import subprocess
 import sys
@@ -156,3 +159,61 @@ def test_call_times_warm_up_then_time_every_call_in_order(monkeypatch):
     assert seen == [["a", "b"][i % 2] for i in range(sbs.WARMUP)] + ["a", "b", "a", "b"]
     FakeEvent.durations = [3.0, 1.0, 2.0]
     assert sbs.median_ms(lambda s: None, [None], 3) == 2.0
+
+
+FAKE_BENCH = """#!/usr/bin/env python3
+# A stand-in for gqattn_bench: one JSON line per shape; the shape in
+# SLOW_SHAPE's T hangs (a device call running out of time).
+import json, sys, time
+shape = sys.argv[sys.argv.index("--shape") + 1].split(",")
+if shape[1] == "{slow_t}":
+    time.sleep(60)
+print(json.dumps(dict(backend="fake", fwd_tflops=100.0 + int(shape[1]) / 1024,
+                      bwd_tflops=50.0)))
+"""
+
+
+def test_a_run_stopped_by_sigterm_writes_what_it_measured(tmp_path):
+    # The three causal d128 cap0 shapes run T1k, T4k, T16k in that order:
+    # T1k is measured, T4k hangs and the run is stopped there.
+    bench = tmp_path / "fake_bench"
+    bench.write_text(FAKE_BENCH.format(slow_t=4096))
+    bench.chmod(0o755)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    proc = subprocess.Popen(
+        [sys.executable, script, "--bench", str(bench), "--ours", "cuda-hopper", "--ours-only",
+         "--match", "d128 c1 w0 cap0", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()  # the T1k record, printed before T4k starts
+    assert "T1024" in first and "fwd   101.0" in first
+    time.sleep(0.5)  # into the hanging call
+    proc.terminate()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == sbs.EXIT_STOPPED_EARLY, err
+    assert "stopped early in round 1, at B4 T4096" in err
+    assert "(partial)" in out
+    with open(tmp_path / "side_by_side.json") as fh:
+        run = json.load(fh)
+    assert run["partial"] is True
+    assert run["stopped_at"] == {"round": 0, "shape": "B4 T4096 H32/8 d128 c1 w0 cap0"}
+    assert [(r["shape"], r["round"], r["fwd_tflops"]) for r in run["results"]] == [
+        ("B16 T1024 H32/8 d128 c1 w0 cap0", 0, 101.0)]
+    assert [m["shape"] for m in run["medians"]] == ["B16 T1024 H32/8 d128 c1 w0 cap0"]
+
+
+def test_a_complete_run_is_not_partial(tmp_path):
+    bench = tmp_path / "fake_bench"
+    bench.write_text(FAKE_BENCH.format(slow_t=-1))
+    bench.chmod(0o755)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    run = subprocess.run(
+        [sys.executable, script, "--bench", str(bench), "--ours", "cuda-hopper", "--ours-only",
+         "--match", "d128 c1 w0 cap0", "--rounds", "2", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    with open(tmp_path / "side_by_side.json") as fh:
+        result = json.load(fh)
+    assert result["partial"] is False and result["stopped_at"] is None
+    assert sorted({(r["round"], r["shape"][:9]) for r in result["results"]}) == [
+        (0, "B1 T16384"), (0, "B16 T1024"), (0, "B4 T4096 "),
+        (1, "B1 T16384"), (1, "B16 T1024"), (1, "B4 T4096 ")]
