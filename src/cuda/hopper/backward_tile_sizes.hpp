@@ -82,6 +82,13 @@ constexpr bool kBwdStmatrixStaging = true;
 // stores, in the phase where both consumer warpgroups meet (the dS^T
 // stores, their fence and the named barrier were 9% of the d128 consumer
 // loop's samples, docs/hopper.md Backward TODO 4). Off: 32-bit stores.
+// H200, with the lse2 / D pairs of the same change (bwd TFLOP/s, on / off,
+// two builds each alternated, 60 calls): d128 causal T4k 503.5, 502.3 /
+// 502.2, 502.0; T16k 555.2, 564.3 / 558.0, 554.7; cap30 444.4, 441.8 /
+// 441.8, 442.8; non-causal 550.8, 549.8 / 548.6, 546.0; d64 causal T4k
+// 443.5, 436.0 / 427.8, 437.1. Kept for the key loop's 8% fewer
+// instructions; the gain (+0.2 to +1.7% in the means) is within a run's
+// spread on most shapes.
 constexpr bool kBwdStmatrixDs = true;
 // Ring depth of Q/dO (dK/dV kernel) and K/V (dQ kernel) for d <= 128:
 // 3 slots (shared memory allows it at one CTA per SM) instead of 2.
