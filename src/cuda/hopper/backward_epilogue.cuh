@@ -1,9 +1,9 @@
 // cuda-hopper backward: the gradients' staged epilogue (where
 // kBwdTmaStoreGradients and BackwardParams::grads_by_tma). At the end of a
 // CTA the consumer warpgroups hold dK and dV (dK/dV kernel) or dQ (dQ
-// kernel) as f32 wgmma accumulators, 64 rows x kDW columns per warpgroup. Instead of 32-bit
-// stores from registers (store_rows), which a warp issues as scattered
-// 16-byte pieces of 8 rows, they
+// kernel) as f32 wgmma accumulators, 64 rows x kDW columns per warpgroup.
+// Instead of 32-bit stores from registers (store_rows), which a warp issues
+// as scattered 16-byte pieces of 8 rows, they
 //   1. wait until both warpgroups are past their last wgmma (staging_acquire:
 //      the staging reuses ring slots the other warpgroup may still be
 //      reading);

@@ -169,10 +169,11 @@ constexpr bool kTmaStoreOutput = true;
 // stmatrix.x4, four 8 x 8 matrices per instruction (staged_store.cuh
 // stage_rows, epilogue.cuh store_output_by_warp_chunks; the backward's
 // switch is backward_tile_sizes.hpp kBwdStmatrixStaging), instead of one
-// 32-bit store per pair: a quarter of the instructions. The same bytes at the same places. H200
-// (fwd TFLOP/s, mean of six runs on / three off, 100 calls each): d64
-// causal B4 T4k 454 / 447 (ranges apart); d128 causal B16 T1k 433 / 437,
-// T4k and d256 within their spread (docs/hopper.md forward TODO 11).
+// 32-bit store per pair: a quarter of the instructions, the same bytes at
+// the same places. H200 (fwd TFLOP/s, mean of six runs on / three off,
+// 100 calls each): d64 causal B4 T4k 454 / 447 (ranges apart); d128
+// causal B16 T1k 433 / 437, T4k and d256 within their spread
+// (docs/hopper.md forward TODO 11).
 constexpr bool kStmatrixStaging = true;
 // kWarpChunkOutput: where a tile has no room to stage O for TMA (the wide
 // d128 tile, d256), each consumer warp passes its 16 rows through a 1 KB
