@@ -12,7 +12,7 @@
 //   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
 //                [--no-backward] [--nondeterministic] [--release-workspace]
-//                [--idle-ms N] [--call-times]
+//                [--idle-ms N] [--settle-ms N] [--call-times]
 //
 // --nondeterministic passes Options::deterministic = false (cuda-flash's
 // backward then adds dQ with atomics); each line says which in
@@ -27,6 +27,13 @@
 // timed window), so the GPU idles between calls: if a kernel is slower
 // back to back than after a pause (power or thermal limits), this shows it.
 // Each line says which in "idle_ms".
+// --settle-ms N lets the GPU idle N ms (the stream drained, then a host
+// sleep) once before each pass's warm-up, so that every pass starts from
+// the same state of the power limiter, whatever ran before it: a burst's
+// speed otherwise depends on the previous measurement's heat (2026-12-04,
+// docs/performance.md). bench/side_by_side.py --settle passes it and
+// idles PyTorch's passes the same way. Each line says which in
+// "settle_ms".
 // --call-times adds every timed call's milliseconds, in call order, as
 // "fwd_call_ms" / "bwd_call_ms": whether the median hides a change within
 // the calls, such as the power limiter's onset (bench/call_series.py).
@@ -176,6 +183,7 @@ struct Settings {
   bool deterministic = true;       // Options::deterministic
   bool release_workspace = false;  // release_workspace_memory() after each timed call
   int idle_ms = 0;                 // host sleep before each timed call
+  int settle_ms = 0;               // host sleep before each pass's warm-up
   bool call_times = false;         // every timed call's ms in the line
 };
 
@@ -184,16 +192,17 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
   const double pairs = double(p.kept_pairs());  // exact, DESIGN §1
   const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
   std::string line;
-  append(
-      line,
-      "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
-      "\"idle_ms\": %d, \"dtype\": \"%s\", \"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, "
-      "\"Hkv\": %lld, \"d\": %lld, \"causal\": %d, \"window\": %lld, \"softcap\": %g, "
-      "\"kept_pairs\": %.0f",
-      gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
-      s.release_workspace ? "true" : "false", s.idle_ms, gqattn::dtype_name(s.dtype),
-      (long long)p.B, (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv,
-      (long long)p.d, int(p.causal), (long long)p.window, double(p.softcap), pairs);
+  append(line,
+         "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
+         "\"idle_ms\": %d, \"settle_ms\": %d, \"dtype\": \"%s\", \"B\": %lld, \"Tq\": %lld, "
+         "\"Tk\": %lld, \"H\": %lld, "
+         "\"Hkv\": %lld, \"d\": %lld, \"causal\": %d, \"window\": %lld, \"softcap\": %g, "
+         "\"kept_pairs\": %.0f",
+         gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
+         s.release_workspace ? "true" : "false", s.idle_ms, s.settle_ms,
+         gqattn::dtype_name(s.dtype), (long long)p.B, (long long)p.Tq, (long long)p.Tk,
+         (long long)p.H, (long long)p.Hkv, (long long)p.d, int(p.causal), (long long)p.window,
+         double(p.softcap), pairs);
 
   const std::size_t elem = gqattn::dtype_size(s.dtype);
   const std::size_t q_elems = std::size_t(p.B * p.Tq * p.H * p.d);
@@ -271,6 +280,10 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
     append(line, "]");
   };
   auto time_calls = [&](auto&& call) {
+    if (s.settle_ms > 0) {
+      check(cudaStreamSynchronize(stream), "sync");  // idle from here on
+      std::this_thread::sleep_for(std::chrono::milliseconds(s.settle_ms));
+    }
     for (int i = 0; i < s.warmup; ++i) call(all[std::size_t(i % sets)]);
     if (s.release_workspace) {
       // The pool releases only frees the host has seen complete.
@@ -386,6 +399,8 @@ int main(int argc, char** argv) {
       settings.release_workspace = true;
     } else if (arg == "--idle-ms") {
       settings.idle_ms = std::max(0, std::atoi(value().c_str()));
+    } else if (arg == "--settle-ms") {
+      settings.settle_ms = std::max(0, std::atoi(value().c_str()));
     } else if (arg == "--call-times") {
       settings.call_times = true;
     } else {
@@ -393,7 +408,7 @@ int main(int argc, char** argv) {
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
                    "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
                    "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N] "
-                   "[--call-times]\n");
+                   "[--settle-ms N] [--call-times]\n");
       return 2;
     }
   }

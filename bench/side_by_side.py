@@ -17,7 +17,8 @@ torch backends are spot-checked against an f32 reference so a
 fast-but-wrong result is not reported.
 
 usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]
-                                    [--sustained SECONDS] [--rounds N] [--shapes all|core] [--match TEXT]
+                                    [--sustained SECONDS] [--settle SECONDS] [--rounds N]
+                                    [--shapes all|core] [--match TEXT]
                                     [--ours-only | --torch-only] [--ours BACKEND[:nondet],...]
 
 --rounds N repeats the whole measurement (ours on every shape, then the
@@ -33,6 +34,14 @@ the tables and writes the JSON over what it measured so far, with
 "partial": true and the shape it stopped on ("stopped_at"), then exits
 with status 3: a sustained run that outgrows its device call keeps its
 rows (2026-12-03, docs/performance.md). A second signal stops it at once.
+
+--settle SECONDS lets the GPU idle that long (drained, then asleep on the
+host) before each backend's forward and each backend's backward pass,
+ours (gqattn_bench --settle-ms) and PyTorch's alike, so that every pass
+starts from the same state of the power limiter. Without it a burst's
+speed depends on what ran just before: in the forty-second run our T16k
+forward read 609 to 695 TFLOP/s over five rounds of one build
+(docs/performance.md, 2026-12-04). The JSON records it ("settle_s").
 
 --match keeps the shapes whose label (as printed, e.g. "cap30" or "d256")
 contains TEXT, for a short run of the shapes a change touched; the tables
@@ -243,13 +252,15 @@ def parse_ours(entry):
     return backend, flag == ""
 
 
-def run_ours(bench, cfg, repeats, backend, deterministic=True):
+def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0):
     B, T, H, Hkv, d, causal, window, softcap = cfg
     shape = f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},{window},{softcap}"
     cmd = [bench, "--shape", shape, "--repeats", str(repeats), "--warmup", str(WARMUP),
            "--backend", backend]
     if not deterministic:
         cmd.append("--nondeterministic")
+    if settle_s > 0:
+        cmd += ["--settle-ms", str(round(settle_s * 1000))]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
@@ -276,6 +287,16 @@ def call_times_ms(fn, sets, repeats):
         stop.synchronize()
         times.append(start.elapsed_time(stop))
     return times
+
+
+def settle(seconds):
+    """--settle: the GPU idles `seconds` (its queue drained first) before a
+    pass's warm-up; nothing for 0."""
+    if seconds <= 0:
+        return
+    import torch
+    torch.cuda.synchronize()
+    time.sleep(seconds)
 
 
 def median_ms(fn, sets, repeats):
@@ -328,10 +349,11 @@ def flex(T, causal, window, softcap, dev="cuda"):
     return f
 
 
-def torch_side(cfgs, repeats_of, results, progress=None):
+def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0):
     """PyTorch's backends on every shape; repeats_of(cfg): the timed calls.
     progress (a dict), if given, gets the label of the shape being timed
-    ("shape"), for the message of a run stopped early."""
+    ("shape"), for the message of a run stopped early. settle_s: the idle
+    time before each pass (--settle)."""
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -378,7 +400,7 @@ def torch_side(cfgs, repeats_of, results, progress=None):
         nsets = max(1, min(MAX_SETS, -(-ROTATE_BYTES // set_bytes)))
         for name, f in candidates:
             rec = dict(backend=name, shape=shape_key(cfg), B=B, T=T, H=H, Hkv=Hkv, d=d,
-                       causal=causal, window=window, softcap=softcap)
+                       causal=causal, window=window, softcap=softcap, settle_s=settle_s)
             try:
                 if f is None:
                     f = flex(T, causal, window, softcap)
@@ -394,6 +416,7 @@ def torch_side(cfgs, repeats_of, results, progress=None):
                 rec["rel_err"] = err
                 if not err < REF_MAX_REL_ERR:
                     raise RuntimeError(f"wrong result: relative error {err:.2e}")
+                settle(settle_s)
                 wall = time.time()
                 fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets, repeats_of(cfg))
                 rec["fwd_wall_s"] = [wall, time.time()]
@@ -404,6 +427,7 @@ def torch_side(cfgs, repeats_of, results, progress=None):
                 def bwd(s):
                     s[0].grad = s[1].grad = s[2].grad = None
                     s[4].backward(s[3], retain_graph=True)
+                settle(settle_s)
                 wall = time.time()
                 bwd_ms = median_ms(bwd, sets, repeats_of(cfg))
                 rec["bwd_wall_s"] = [wall, time.time()]
@@ -427,6 +451,9 @@ def main():
     ap.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
                     help="time each backend's calls back to back for about this long "
                          "(the power-capped regime); 0: --repeats calls")
+    ap.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                    help="idle the GPU this long before every backend's forward and "
+                         "backward pass, so each starts from the same power state")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure everything this many times; report medians and ranges")
     ap.add_argument("--shapes", choices=["all", "core"], default="all")
@@ -447,6 +474,8 @@ def main():
 
     if args.sustained < 0:
         ap.error("--sustained must not be negative")
+    if args.settle < 0:
+        ap.error("--settle must not be negative")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     if args.ours_only and args.torch_only:
@@ -460,6 +489,8 @@ def main():
     bench = None if args.torch_only else find_bench(args.bench)
     if bench is None and not args.torch_only:
         print("gqattn_bench not found (build it, or pass --bench)", file=sys.stderr)
+    if args.settle > 0:
+        print(f"every pass after {args.settle:g} s of idle GPU (--settle)", flush=True)
     progress = dict(round=0, shape=None)
     stopped = False
     previous_term = signal.signal(signal.SIGTERM, stop_early)
@@ -473,7 +504,7 @@ def main():
                     progress["shape"] = shape_key(cfg)
                     for backend, deterministic in ours_entries:
                         rec = run_ours(bench, cfg, repeats_for(cfg, args.repeats, args.sustained),
-                                       backend, deterministic)
+                                       backend, deterministic, args.settle)
                         rec["backend"] = ("gqattn:" + rec.get("backend", backend) +
                                           ("" if deterministic else ":" + NONDET))
                         rec["deterministic"] = deterministic
@@ -487,7 +518,7 @@ def main():
             if not args.ours_only:
                 first = len(results)
                 torch_side(cfgs, lambda c: repeats_for(c, args.repeats, args.sustained), results,
-                           progress)
+                           progress, args.settle)
                 for rec in results[first:]:
                     rec["round"] = round_index
     except (StoppedEarly, KeyboardInterrupt):
@@ -509,6 +540,7 @@ def main():
     with open(path, "w") as fh:
         json.dump(dict(results=results, medians=medians, table=table,
                        power_field=sampler.power_field, sustained_s=args.sustained,
+                       settle_s=args.settle,
                        partial=stopped,
                        stopped_at=(dict(round=progress["round"], shape=progress["shape"])
                                    if stopped else None)), fh,

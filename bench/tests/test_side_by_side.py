@@ -168,8 +168,9 @@ import json, sys, time
 shape = sys.argv[sys.argv.index("--shape") + 1].split(",")
 if shape[1] == "{slow_t}":
     time.sleep(60)
+settle = sys.argv[sys.argv.index("--settle-ms") + 1] if "--settle-ms" in sys.argv else None
 print(json.dumps(dict(backend="fake", fwd_tflops=100.0 + int(shape[1]) / 1024,
-                      bwd_tflops=50.0)))
+                      bwd_tflops=50.0, settle_arg=settle)))
 """
 
 
@@ -217,3 +218,41 @@ def test_a_complete_run_is_not_partial(tmp_path):
     assert sorted({(r["round"], r["shape"][:9]) for r in result["results"]}) == [
         (0, "B1 T16384"), (0, "B16 T1024"), (0, "B4 T4096 "),
         (1, "B1 T16384"), (1, "B16 T1024"), (1, "B4 T4096 ")]
+
+
+def test_settle_reaches_gqattn_bench_in_milliseconds_and_the_json(tmp_path):
+    bench = tmp_path / "fake_bench"
+    bench.write_text(FAKE_BENCH.format(slow_t=-1))
+    bench.chmod(0o755)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    for settle, arg in (("0.25", "250"), ("0", None)):
+        run = subprocess.run(
+            [sys.executable, script, "--bench", str(bench), "--ours", "cuda-hopper", "--ours-only",
+             "--match", "B16 T1024", "--settle", settle, "--out", str(tmp_path)],
+            capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert ("of idle GPU (--settle)" in run.stdout) == (arg is not None)
+        with open(tmp_path / "side_by_side.json") as fh:
+            result = json.load(fh)
+        assert result["settle_s"] == float(settle)
+        assert [r["settle_arg"] for r in result["results"]] == [arg]
+
+
+def test_a_negative_settle_is_a_usage_error(tmp_path):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    run = subprocess.run([sys.executable, script, "--ours-only", "--settle", "-1",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--settle must not be negative" in run.stderr
+
+
+def test_settle_drains_the_gpu_then_sleeps_and_zero_does_nothing(monkeypatch):
+    import types
+    calls = []
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(synchronize=lambda: calls.append("sync"))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(sbs.time, "sleep", lambda s: calls.append(("sleep", s)))
+    sbs.settle(0.0)
+    assert calls == []
+    sbs.settle(0.5)
+    assert calls == ["sync", ("sleep", 0.5)]
