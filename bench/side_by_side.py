@@ -43,6 +43,11 @@ speed depends on what ran just before: in the forty-second run our T16k
 forward read 609 to 695 TFLOP/s over five rounds of one build
 (docs/performance.md, 2026-12-04). The JSON records it ("settle_s").
 
+The JSON also records which GPU it ran on and its state at the start
+("gpu": nvidia-smi's name, uuid, serial, driver, VBIOS, power limit,
+temperature, maximum SM clock; {} without nvidia-smi): two device calls
+may land on different H200s.
+
 --match keeps the shapes whose label (as printed, e.g. "cap30" or "d256")
 contains TEXT, for a short run of the shapes a change touched; the tables
 of docs/performance.md are full runs.
@@ -117,6 +122,28 @@ STANDARD = [
     (4, 4096, 32, 8, 128, True, 1024, 0.0),
     (4, 4096, 32, 8, 128, True, 0, 30.0),
 ]
+
+
+# Which GPU a run measured and in what state it started: fresh device
+# calls may land on different H200s, whose levels differ by a few percent
+# on both sides (forty-third and forty-fourth runs, docs/performance.md).
+GPU_FIELDS = ("name", "uuid", "serial", "driver_version", "vbios_version", "power.limit",
+              "temperature.gpu", "clocks.max.sm")
+
+
+def gpu_identity(gpu=0, run=subprocess.run):
+    """nvidia-smi's GPU_FIELDS for GPU `gpu` as a dict (values as strings,
+    [N/A] kept as printed); {} without nvidia-smi or if it fails."""
+    try:
+        got = run(["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}",
+                   "--format=csv,noheader,nounits", "-i", str(gpu)],
+                  capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    parts = [p.strip() for p in got.stdout.strip().split(",")]
+    if got.returncode != 0 or len(parts) != len(GPU_FIELDS):
+        return {}
+    return dict(zip(GPU_FIELDS, parts))
 
 
 class ClockSampler:
@@ -486,6 +513,10 @@ def main():
     # Not under --torch-only, which scripts/h200-cycle profile runs under
     # Nsight Compute: nothing else should touch the GPU there.
     sampler = ClockSampler(enabled=not args.torch_only)
+    gpu = {} if args.torch_only else gpu_identity()
+    if gpu:
+        print(f"GPU {gpu.get('name')} {gpu.get('uuid')} driver {gpu.get('driver_version')}, "
+              f"{gpu.get('temperature.gpu')} C at the start", flush=True)
     bench = None if args.torch_only else find_bench(args.bench)
     if bench is None and not args.torch_only:
         print("gqattn_bench not found (build it, or pass --bench)", file=sys.stderr)
@@ -540,7 +571,7 @@ def main():
     with open(path, "w") as fh:
         json.dump(dict(results=results, medians=medians, table=table,
                        power_field=sampler.power_field, sustained_s=args.sustained,
-                       settle_s=args.settle,
+                       settle_s=args.settle, gpu=gpu,
                        partial=stopped,
                        stopped_at=(dict(round=progress["round"], shape=progress["shape"])
                                    if stopped else None)), fh,

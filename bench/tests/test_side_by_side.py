@@ -256,3 +256,27 @@ def test_settle_drains_the_gpu_then_sleeps_and_zero_does_nothing(monkeypatch):
     assert calls == []
     sbs.settle(0.5)
     assert calls == ["sync", ("sleep", 0.5)]
+
+
+def test_gpu_identity_pairs_the_fields_with_nvidia_smis_answer():
+    import types
+    line = "NVIDIA H200, GPU-1234, 165, 580.1, 96.00, 700.00, 34, 1980"
+
+    def fake_run(cmd, **kwargs):
+        assert cmd[1] == "--query-gpu=" + ",".join(sbs.GPU_FIELDS)
+        return types.SimpleNamespace(returncode=0, stdout=line + "\n")
+    got = sbs.gpu_identity(run=fake_run)
+    assert got["uuid"] == "GPU-1234" and got["power.limit"] == "700.00"
+    assert list(got) == list(sbs.GPU_FIELDS)
+
+
+def test_gpu_identity_is_empty_when_nvidia_smi_fails_or_is_missing():
+    import types
+
+    def missing(cmd, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+    assert sbs.gpu_identity(run=missing) == {}
+    assert sbs.gpu_identity(run=lambda cmd, **kw: types.SimpleNamespace(
+        returncode=9, stdout="")) == {}
+    assert sbs.gpu_identity(run=lambda cmd, **kw: types.SimpleNamespace(
+        returncode=0, stdout="only, three, fields")) == {}
