@@ -41,7 +41,9 @@ ours (gqattn_bench --settle-ms) and PyTorch's alike, so that every pass
 starts from the same state of the power limiter. Without it a burst's
 speed depends on what ran just before: in the forty-second run our T16k
 forward read 609 to 695 TFLOP/s over five rounds of one build
-(docs/performance.md, 2026-12-04). The JSON records it ("settle_s").
+(docs/performance.md, 2026-12-04). At 0.5 s it narrowed both sides'
+spread in the forty-third run and not in the forty-fourth, so it is off
+by default. The JSON records it ("settle_s").
 
 The JSON also records which GPU it ran on and its state at the start
 ("gpu": nvidia-smi's name, uuid, serial, driver, VBIOS, power limit,
