@@ -261,6 +261,12 @@ def main(argv=None):
             print(f"note: {path} is partial, stopped in round {at.get('round', 0) + 1} at "
                   f"{at.get('shape')} (bench/side_by_side.py): lines it did not reach on "
                   f"both sides have no ratio from it")
+    gpus = [one.get("gpu", {}).get("uuid") for one in runs]
+    if any(gpus):
+        # side_by_side.py records the GPU since 2026-12-04: fresh device calls
+        # may land on different H200s, whose levels differ on both sides.
+        print("GPU per run: " + ", ".join(f"{path}: {uuid or 'not recorded'}"
+                                          for path, uuid in zip(args.runs, gpus)))
     run = runs[0] if len(runs) == 1 else pool_runs(runs)
     if args.spread:
         print(f"{args.ours} in {', '.join(args.runs)}"

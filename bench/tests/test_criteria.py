@@ -188,3 +188,16 @@ def test_a_partial_run_is_named_as_such(anchors_dir, tmp_path, capsys):
     assert any(criteria.T4K in line and "1.100" in line for line in out.splitlines())
     criteria.main([str(whole), "--anchors", anchors_dir])
     assert "note:" not in capsys.readouterr().out
+
+
+def test_the_gpu_of_each_run_is_named_where_recorded(anchors_dir, tmp_path, capsys):
+    run = {"results": [record(OURS, criteria.T4K, 0, 660.0, 1.0),
+                       record("sdpa-cudnn", criteria.T4K, 0, 600.0, 1.0)]}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(run))
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(dict(run, gpu={"uuid": "GPU-abc", "name": "NVIDIA H200"})))
+    criteria.main([str(old), "--anchors", anchors_dir])
+    assert "GPU per run" not in capsys.readouterr().out
+    criteria.main([str(old), str(new), "--anchors", anchors_dir])
+    assert f"GPU per run: {old}: not recorded, {new}: GPU-abc" in capsys.readouterr().out
