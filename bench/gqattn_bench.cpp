@@ -28,12 +28,13 @@
 // back to back than after a pause (power or thermal limits), this shows it.
 // Each line says which in "idle_ms".
 // --settle-ms N lets the GPU idle N ms (the stream drained, then a host
-// sleep) once before each pass's warm-up, so that every pass starts from
-// the same state of the power limiter, whatever ran before it: a burst's
-// speed otherwise depends on the previous measurement's heat (2026-12-04,
-// docs/performance.md). bench/side_by_side.py --settle passes it and
-// idles PyTorch's passes the same way. Each line says which in
-// "settle_ms".
+// sleep) once before each pass's warm-up, meant to start every pass from
+// the same state of the power limiter whatever ran before it (a burst's
+// speed depends on the previous measurement's heat). Measured at 500 ms
+// (2026-12-04, docs/performance.md, forty-third and forty-fourth runs): it
+// narrowed both sides' spread in one run of two. bench/side_by_side.py
+// --settle passes it and idles PyTorch's passes the same way. Each line
+// says which in "settle_ms".
 // --call-times adds every timed call's milliseconds, in call order, as
 // "fwd_call_ms" / "bwd_call_ms": whether the median hides a change within
 // the calls, such as the power limiter's onset (bench/call_series.py).
@@ -194,10 +195,9 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
   std::string line;
   append(line,
          "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
-         "\"idle_ms\": %d, \"settle_ms\": %d, \"dtype\": \"%s\", \"B\": %lld, \"Tq\": %lld, "
-         "\"Tk\": %lld, \"H\": %lld, "
-         "\"Hkv\": %lld, \"d\": %lld, \"causal\": %d, \"window\": %lld, \"softcap\": %g, "
-         "\"kept_pairs\": %.0f",
+         "\"idle_ms\": %d, \"settle_ms\": %d, \"dtype\": \"%s\", "
+         "\"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, \"Hkv\": %lld, \"d\": %lld, "
+         "\"causal\": %d, \"window\": %lld, \"softcap\": %g, \"kept_pairs\": %.0f",
          gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
          s.release_workspace ? "true" : "false", s.idle_ms, s.settle_ms,
          gqattn::dtype_name(s.dtype), (long long)p.B, (long long)p.Tq, (long long)p.Tk,
