@@ -39,7 +39,7 @@ constexpr int dq_staging_warps(int d) {
 
 // Back-off of the dQ writer while it waits for its turn to add (and of the
 // conversion tail between rounds without progress). 16 and 256 ns measured
-// the same as 64 within 0.6% (docs/hopper.md Backward TODO 4).
+// the same as 64 within 0.8% (docs/hopper.md Backward TODO 4).
 constexpr unsigned kDqSpinNs = 64;
 
 // Stores dS^T of one warpgroup (its 64 keys = rows of `rows`, 64 queries =
