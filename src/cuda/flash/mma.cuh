@@ -141,6 +141,15 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack2<Elem>(hi[2], hi[3]);
 }
 
+// acc_to_a for bf16 values that bf16 holds exactly (pack2_exact_bf16).
+__device__ __forceinline__ void acc_to_a_exact_bf16(uint32_t (&a)[4], const float (&lo)[4],
+                                                    const float (&hi)[4]) {
+  a[0] = pack2_exact_bf16(lo[0], lo[1]);
+  a[1] = pack2_exact_bf16(lo[2], lo[3]);
+  a[2] = pack2_exact_bf16(hi[0], hi[1]);
+  a[3] = pack2_exact_bf16(hi[2], hi[3]);
+}
+
 // Four 8x8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row
 // addresses of matrix i, register i receives matrix i.
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {

@@ -316,15 +316,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   const auto to_a = [](uint32_t(&pa)[kStepsPV][4], const float(&s)[1][kNT][4]) {
 #pragma unroll
     for (int kk = 0; kk < kStepsPV; ++kk) {
-      if constexpr (kPackByPermute) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float(&block)[4] = s[0][2 * kk + j / 2];
-          pa[kk][j] = flash::pack2_exact_bf16(block[2 * (j % 2)], block[2 * (j % 2) + 1]);
-        }
-      } else {
+      if constexpr (kPackByPermute)
+        flash::acc_to_a_exact_bf16(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+      else
         flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-      }
     }
   };
 
