@@ -19,7 +19,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 namespace gqattn::flash {
 
@@ -86,50 +85,6 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return r;
 }
 
-// lo and hi rounded to nearest in Elem, as pack2 rounds them, and back to
-// f32: the values the tensor cores multiply once pack2 has packed them
-// (pack2 of the results packs them exactly).
-template <typename Elem>
-__device__ __forceinline__ void round_pair(float& lo, float& hi);
-
-template <>
-__device__ __forceinline__ void round_pair<__nv_bfloat16>(float& lo, float& hi) {
-  const uint32_t w = pack2<__nv_bfloat16>(lo, hi);
-  lo = __uint_as_float(w << 16);  // a bf16 is the high half of its f32
-  hi = __uint_as_float(w & 0xffff0000u);
-}
-
-template <>
-__device__ __forceinline__ void round_pair<__half>(float& lo, float& hi) {
-  const uint32_t w = pack2<__half>(lo, hi);
-  lo = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
-  hi = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
-}
-
-// x rounded to nearest at Elem's precision (8 significant bits for bf16,
-// 11 for f16) by Veltkamp's splitting on the FMA pipe: with s = 24 minus
-// those bits and t = (2^s + 1) x, the result is t - (t - x), each operation
-// rounded on its own (contracted into an FMA it would not split). Exact
-// ties may go either way, not to even as pack2 rounds, but the result has
-// at most Elem's significant bits, so pack2 packs it exactly: it is the
-// value the tensor cores multiply. For 0 <= x <= 2^8 (P under lazy
-// rescaling); at the bottom of Elem's range (f16 below 2^-14) pack2 may
-// round the result once more, by less than Elem's smallest step.
-template <typename Elem>
-__device__ __forceinline__ float round_by_splitting(float x) {
-  constexpr int kSignificantBits = std::is_same_v<Elem, __half> ? 11 : 8;
-  constexpr float kSplitter = float((1 << (24 - kSignificantBits)) + 1);
-  const float t = __fmul_rn(x, kSplitter);
-  return __fsub_rn(t, __fsub_rn(t, x));
-}
-
-// pack2 of two floats that bf16 holds exactly (round_pair's or
-// round_by_splitting's results): their high halves side by side, one
-// integer permute instead of a conversion, the same bits.
-__device__ __forceinline__ uint32_t pack2_exact_bf16(float lo, float hi) {
-  return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-}
-
 // The A fragment of k-step `kk` of P (or dS) from the f32 accumulator tiles
 // 2kk and 2kk+1 of the same 16 rows (see the layout note above).
 template <typename Elem>
@@ -139,15 +94,6 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
   a[1] = pack2<Elem>(lo[2], lo[3]);
   a[2] = pack2<Elem>(hi[0], hi[1]);
   a[3] = pack2<Elem>(hi[2], hi[3]);
-}
-
-// acc_to_a for bf16 values that bf16 holds exactly (pack2_exact_bf16).
-__device__ __forceinline__ void acc_to_a_exact_bf16(uint32_t (&a)[4], const float (&lo)[4],
-                                                    const float (&hi)[4]) {
-  a[0] = pack2_exact_bf16(lo[0], lo[1]);
-  a[1] = pack2_exact_bf16(lo[2], lo[3]);
-  a[2] = pack2_exact_bf16(hi[0], hi[1]);
-  a[3] = pack2_exact_bf16(hi[2], hi[3]);
 }
 
 // Four 8x8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row

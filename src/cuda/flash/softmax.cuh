@@ -33,17 +33,10 @@
 // sums): the p that the eager form holds exactly (the row's largest) is
 // among these, so o's error common to its columns is no larger than the
 // eager form's, at one exponential per row and tile. A threshold of 0
-// keeps the reference exact and needs no cure. The other cure (RoundedSums
-// = the 16-bit type of P, instead of kCompensate): every p is rounded to
-// that type as soon as it is formed, so the sums add exactly the weights
-// the tensor cores multiply, and o = sum(p v) / sum(p) has no error common
-// to its columns whatever the reference; lse then comes from those sums
-// (each p within half an ulp of the 16-bit type, unbiased). It costs three
-// instructions per pair of p (the rounding and its two halves back) and no
-// MUFU op, where kCompensate costs an exponential per row and tile.
-// A row whose reference is -inf and that now has a kept score grows by
-// +inf, so it always takes the reference; a still fully masked row's -inf -
-// -inf is NaN, which compares false: it stays at -inf (offset 0, p 0).
+// keeps the reference exact and needs no cure. A row whose reference is -inf
+// and that now has a kept score grows by +inf, so it always takes the
+// reference; a still fully masked row's -inf - -inf is NaN, which compares
+// false: it stays at -inf (offset 0, p 0).
 #pragma once
 
 #include <cmath>
@@ -67,24 +60,15 @@ __device__ __forceinline__ float softmax_exp2(float x, int nt) {
   return nt % 4 < kFmaExp2Quarters ? exp2_fma(x) : fast_exp2(x);
 }
 
-// RoundedSums' rounding: false, by the 16-bit pack and back (one conversion
-// per pair, two integer ops); true, by splitting (three FP32 ops per p,
-// round_by_splitting). Which is faster is for the H200 to say (cuda-hopper's
-// kLazyRescaleRoundedD128, docs/hopper.md TODO 7).
-constexpr bool kRoundedSumsBySplitting = false;
-
 // kMT: m16 tiles of rows per thread. kLazyLog2: lazy rescaling's bound on
 // p as a power of two (FlashAttention-4's 8), used where scores_to_p and
 // update run with kLazy. 0: a warp skips the rescale only where none of its
 // rows' maxima changed, which gives the eager form's results bit for bit
 // (alpha would be 2^0 = 1) and needs no compensation.
-// RoundedSums: void, or the 16-bit type P is rounded to for O's numerator,
-// in which case every p is rounded to it where it is formed (above).
-template <int kMT, int kLazyLog2 = 0, typename RoundedSums = void>
+template <int kMT, int kLazyLog2 = 0>
 struct OnlineSoftmax {
   static_assert(kLazyLog2 >= 0 && kLazyLog2 <= 8, "p up to 2^8 keeps O, the sums and P in range");
-  static constexpr bool kRoundedSums = !std::is_void_v<RoundedSums>;
-  static constexpr bool kCompensate = kLazyLog2 > 0 && !kRoundedSums;
+  static constexpr bool kCompensate = kLazyLog2 > 0;
   static constexpr int kRows = 2 * kMT;  // rows per thread
   float row_max[kRows];                  // in units of v (before * mult)
   float row_sum[kRows];                  // this thread's partial sums of p
@@ -304,41 +288,19 @@ struct OnlineSoftmax {
     return alpha;
   }
 
-  // Row r's scores become p = 2^(s mult - offset), rounded to RoundedSums
-  // where it is set; returns sum plus their sum.
+  // Row r's scores become p = 2^(s mult - offset); returns sum plus their sum.
   template <int kFmaExp2Quarters, int kNT>
   __device__ __forceinline__ float exp_and_sum(float (&s)[kMT][kNT][4], int r, float offset,
                                                float sum) const {
     const int mt = r / 2, half = r % 2;
-    if constexpr (kRoundedSums) {
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        float p[2];
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
-          p[i] = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][2 * half + i], mult, -offset), nt);
-        if constexpr (kRoundedSumsBySplitting) {
-          p[0] = round_by_splitting<RoundedSums>(p[0]);
-          p[1] = round_by_splitting<RoundedSums>(p[1]);
-        } else {
-          round_pair<RoundedSums>(p[0], p[1]);  // the two columns of one packed P register
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          s[mt][nt][2 * half + i] = p[i];
-          sum += p[i];
-        }
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        const float p = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][e], mult, -offset), nt);
+        s[mt][nt][e] = p;
+        sum += p;
       }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          const float p = softmax_exp2<kFmaExp2Quarters>(fmaf(s[mt][nt][e], mult, -offset), nt);
-          s[mt][nt][e] = p;
-          sum += p;
-        }
-    }
     return sum;
   }
 

@@ -39,7 +39,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma.cuh"
@@ -278,8 +277,7 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   // Softcap (before masking), mask, softmax of visit `it`: S becomes P
   // (alpha: O's rescale factors, to be applied iff it returns true; false
   // without row max).
-  using Softmax =
-      RowSoftmax<Tile::kLazyRescaleLog2, std::conditional_t<Tile::kRoundedRowSums, Elem, void>>;
+  using Softmax = RowSoftmax<Tile::kLazyRescaleLog2>;
   const auto scores = [&](float(&s)[1][kNT][4], int it, Softmax& sm,
                           float(&alpha)[kSoftmaxRows]) -> bool {
     const int n0 = (tile.keys.last - it) * kBN;
@@ -309,18 +307,10 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   };
 
   // P as the register A operand: k-step kk is S's n8 blocks 2kk, 2kk+1.
-  // Where the softmax has rounded P already (kRoundedRowSums) and P is
-  // bf16, kPackRoundedPByPermute packs it by permutes (the same bits).
-  constexpr bool kPackByPermute =
-      kPackRoundedPByPermute && Tile::kRoundedRowSums && std::is_same_v<Elem, __nv_bfloat16>;
   const auto to_a = [](uint32_t(&pa)[kStepsPV][4], const float(&s)[1][kNT][4]) {
 #pragma unroll
-    for (int kk = 0; kk < kStepsPV; ++kk) {
-      if constexpr (kPackByPermute)
-        flash::acc_to_a_exact_bf16(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-      else
-        flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-    }
+    for (int kk = 0; kk < kStepsPV; ++kk)
+      flash::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
   };
 
   auto& o = out.o;

@@ -6,10 +6,7 @@
 // factors without touching O (which a P V wgmma may still be accumulating),
 // rescale() applies them once that wgmma has retired; with kLazyRescale
 // (tile_sizes.hpp) only on the tiles where scores_to_p says so, and above
-// threshold 0 finalize_compensated() ends the row, unless the tile rounds
-// every p to P's 16-bit type where it is formed (ForwardTile::
-// kRoundedRowSums: the sums then hold the weights O's numerator used, and
-// finalize() ends the row).
+// threshold 0 finalize_compensated() ends the row.
 // ScoreMode::softcap_without_row_max (flash/score_mode.hpp) uses
 // start_unshifted() and update_unshifted(). Checked against the f64 oracle
 // by tests/gpu/test_hopper_forward.cpp.
@@ -19,10 +16,9 @@
 
 namespace gqattn::hopper {
 
-// kLazyLog2: ForwardTile::kLazyRescaleLog2 (tile_sizes.hpp); RoundedSums:
-// P's 16-bit type where ForwardTile::kRoundedRowSums, else void.
-template <int kLazyLog2, typename RoundedSums = void>
-using RowSoftmax = flash::OnlineSoftmax<1, kLazyLog2, RoundedSums>;
+// kLazyLog2: ForwardTile::kLazyRescaleLog2 (tile_sizes.hpp).
+template <int kLazyLog2>
+using RowSoftmax = flash::OnlineSoftmax<1, kLazyLog2>;
 constexpr int kSoftmaxRows = RowSoftmax<0>::kRows;  // rows g and g + 8
 
 }  // namespace gqattn::hopper

@@ -221,21 +221,6 @@ constexpr bool kKvGroupedOrder = true;
 // 660 / 659 / 612 (the spread), window 1024 494 / 487 / 495 / 485, d64 T4k
 // 400 / 399 / 403 / 399. A steady 1-2%, on.
 constexpr bool kQInRegisters = true;
-// kLazyRescaleRoundedD128 (thirty-ninth session; built, not yet run on a
-// GPU, so off): the d128 tiles (and the wide one) at lazy rescaling's
-// threshold 8 instead of 0, with every p rounded to P's 16-bit type where
-// the softmax forms it (ForwardTile::kRoundedRowSums), so that the row sums
-// hold the weights O's numerator multiplies and no compensation is needed
-// (flash/softmax.cuh). The plain threshold 8 measured +2-3% at d128
-// (docs/hopper.md TODO 7, which has the test and A/B commands). Off: the
-// d128 kernels are main's before it, PTX for PTX.
-constexpr bool kLazyRescaleRoundedD128 = false;
-// kPackRoundedPByPermute (with kLazyRescaleRoundedD128; not yet run): on
-// tiles whose softmax rounds P already and for bf16, P's A fragments are
-// packed by byte permutes (integer pipe) instead of cvt.rn.bf16x2 (the same
-// bits), between the P V GEMM's retirement and the next issue. Off: cvt as
-// everywhere.
-constexpr bool kPackRoundedPByPermute = false;
 // kLazyRescale: FlashAttention-4's lazy rescaling in the running-maximum
 // softmax (flash/softmax.cuh OnlineSoftmax::scores_to_p): a warp keeps its
 // rows' reference maxima while no row's maximum grew by more than
@@ -296,9 +281,6 @@ enum class TileShape { kDefault, kWide, kTall };
 // forward_shape() says.
 // kMulticastAllowed: the tile may take K/V multicast (kMulticastKV).
 // kLazyRescaleLog2: lazy rescaling's threshold (kLazyRescale).
-// kRoundedRowSums: the softmax rounds every p to P's 16-bit type where it
-// is formed, so that its sums hold the weights O's numerator used; above
-// threshold 0 that replaces the compensation (flash/softmax.cuh).
 // kKvGroupPairs: (batch, kv head) pairs per group of the kv-grouped tile
 // order (kKvGroupedOrder); 0: longest first always.
 // kQInRegistersAllowed: the tile may take Q from registers (kQInRegisters).
@@ -330,7 +312,6 @@ struct ForwardTile<64> {
   static constexpr int kD = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr int kKvGroupPairs = 0;  // 8: 1-2% slower (non-causal B4 T4k, 128 x 192)
   static constexpr int kLazyRescaleLog2 = 0;
-  static constexpr bool kRoundedRowSums = false;
   static constexpr bool kQInRegistersAllowed = true;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
@@ -363,8 +344,7 @@ template <>
 struct ForwardTile<128> {
   static constexpr int kD = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr int kKvGroupPairs = 8;
-  static constexpr int kLazyRescaleLog2 = kLazyRescaleRoundedD128 ? 8 : 0;
-  static constexpr bool kRoundedRowSums = kLazyRescaleRoundedD128;
+  static constexpr int kLazyRescaleLog2 = 0;
   static constexpr bool kQInRegistersAllowed = true;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = true;
@@ -388,7 +368,6 @@ struct ForwardTile<256> {
   static constexpr int kD = 256, kBlockM = 128, kBlockN = 64, kStages = 2;
   static constexpr int kKvGroupPairs = 8;
   static constexpr int kLazyRescaleLog2 = 8;
-  static constexpr bool kRoundedRowSums = false;  // kCompensate instead (flash/softmax.cuh)
   static constexpr bool kQInRegistersAllowed = false;
   static constexpr int kFmaExp2QuartersPlain = 0, kFmaExp2QuartersSoftcap = 0;
   static constexpr bool kPingPongAllowed = false;   // FlashAttention-3: no ping-pong for d256
