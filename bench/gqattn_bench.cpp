@@ -23,9 +23,10 @@
 // after a synchronisation did before the library kept a pool of its own:
 // an A/B of the retained workspace in one run. Each line says which in
 // "release_workspace".
-// --idle-ms N sleeps N ms on the host before every timed call (outside the
-// timed window), so the GPU idles between calls: if a kernel is slower
-// back to back than after a pause (power or thermal limits), this shows it.
+// --idle-ms N drains the stream and sleeps N ms on the host before every
+// timed call (outside the timed window), so the GPU idles between calls:
+// if a kernel is slower back to back than after a pause (power or thermal
+// limits), this shows it. bench/side_by_side.py --idle-ms passes it.
 // Each line says which in "idle_ms".
 // --settle-ms N lets the GPU idle N ms (the stream drained, then a host
 // sleep) once before each pass's warm-up, meant to start every pass from
@@ -295,7 +296,10 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
     energy_read = energy.read_mj(mj_start);
     wall_start = wall_s();
     for (int i = 0; i < s.repeats; ++i) {
-      if (s.idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(s.idle_ms));
+      if (s.idle_ms > 0) {
+        check(cudaStreamSynchronize(stream), "sync");  // the warm-up, before the first
+        std::this_thread::sleep_for(std::chrono::milliseconds(s.idle_ms));
+      }
       check(cudaEventRecord(start, stream), "record");
       call(all[std::size_t(i % sets)]);
       check(cudaEventRecord(stop, stream), "record");

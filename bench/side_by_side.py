@@ -17,7 +17,8 @@ torch backends are spot-checked against an f32 reference so a
 fast-but-wrong result is not reported.
 
 usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]
-                                    [--sustained SECONDS] [--settle SECONDS] [--rounds N]
+                                    [--sustained SECONDS] [--settle SECONDS] [--idle-ms N]
+                                    [--rounds N]
                                     [--shapes all|core] [--match TEXT]
                                     [--ours-only | --torch-only] [--ours BACKEND[:nondet],...]
 
@@ -44,6 +45,21 @@ forward read 609 to 695 TFLOP/s over five rounds of one build
 (docs/performance.md, 2026-12-04). At 0.5 s it narrowed both sides'
 spread in the forty-third run and not in the forty-fourth, so it is off
 by default. The JSON records it ("settle_s").
+
+--idle-ms N lets the GPU idle N ms before every timed call (the previous
+call has been waited for; then the host sleeps), ours (gqattn_bench
+--idle-ms) and PyTorch's alike: each call then runs from a rested power
+limiter, so no burst steps down in the middle of its calls. Back to back,
+a long kernel that draws more power than its competitor runs 5-6% faster
+for its first calls than after the limiter reacts, somewhere in the 30
+(the cap30 backward read 447-456 or 468-473 TFLOP/s by where that step
+fell, 459-461 with 150 ms pauses: 2026-12-04, fortieth session,
+docs/performance.md), so the median of a burst is either level by chance.
+Paused calls measure each kernel at its rested clock, a reproducible
+basis; --sustained measures the opposite regime. The run takes N ms more
+per timed call (at 150 ms and the default 30 repeats about 5.5 minutes a
+round for the standard shapes; --repeats 15 halves it). Off by default;
+the JSON records it ("idle_ms").
 
 The JSON also records which GPU it ran on and its state at the start
 ("gpu": nvidia-smi's name, uuid, serial, driver, VBIOS, power limit,
@@ -281,7 +297,7 @@ def parse_ours(entry):
     return backend, flag == ""
 
 
-def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0):
+def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0, idle_ms=0):
     B, T, H, Hkv, d, causal, window, softcap = cfg
     shape = f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},{window},{softcap}"
     cmd = [bench, "--shape", shape, "--repeats", str(repeats), "--warmup", str(WARMUP),
@@ -290,6 +306,8 @@ def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0):
         cmd.append("--nondeterministic")
     if settle_s > 0:
         cmd += ["--settle-ms", str(round(settle_s * 1000))]
+    if idle_ms > 0:
+        cmd += ["--idle-ms", str(idle_ms)]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
@@ -299,10 +317,11 @@ def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0):
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
-def call_times_ms(fn, sets, repeats):
+def call_times_ms(fn, sets, repeats, idle_ms=0):
     """WARMUP untimed calls of fn, then `repeats` calls each alone between
     two CUDA events (fn(sets[i % len(sets)])): their times in ms, in call
-    order."""
+    order. idle_ms (--idle-ms): before each timed call the GPU is drained
+    and the host sleeps that long."""
     import torch
     for i in range(WARMUP):
         fn(sets[i % len(sets)])
@@ -310,6 +329,9 @@ def call_times_ms(fn, sets, repeats):
     stop = torch.cuda.Event(enable_timing=True)
     times = []
     for i in range(repeats):
+        if idle_ms > 0:
+            torch.cuda.synchronize()  # the warm-up too, before the first
+            time.sleep(idle_ms / 1000)
         start.record()
         fn(sets[i % len(sets)])
         stop.record()
@@ -328,8 +350,8 @@ def settle(seconds):
     time.sleep(seconds)
 
 
-def median_ms(fn, sets, repeats):
-    times = sorted(call_times_ms(fn, sets, repeats))
+def median_ms(fn, sets, repeats, idle_ms=0):
+    times = sorted(call_times_ms(fn, sets, repeats, idle_ms))
     return times[len(times) // 2]
 
 
@@ -378,11 +400,12 @@ def flex(T, causal, window, softcap, dev="cuda"):
     return f
 
 
-def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0):
+def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0):
     """PyTorch's backends on every shape; repeats_of(cfg): the timed calls.
     progress (a dict), if given, gets the label of the shape being timed
     ("shape"), for the message of a run stopped early. settle_s: the idle
-    time before each pass (--settle)."""
+    time before each pass (--settle); idle_ms: before each timed call
+    (--idle-ms)."""
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -429,7 +452,8 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0):
         nsets = max(1, min(MAX_SETS, -(-ROTATE_BYTES // set_bytes)))
         for name, f in candidates:
             rec = dict(backend=name, shape=shape_key(cfg), B=B, T=T, H=H, Hkv=Hkv, d=d,
-                       causal=causal, window=window, softcap=softcap, settle_s=settle_s)
+                       causal=causal, window=window, softcap=softcap, settle_s=settle_s,
+                       idle_ms=idle_ms)
             try:
                 if f is None:
                     f = flex(T, causal, window, softcap)
@@ -447,7 +471,7 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0):
                     raise RuntimeError(f"wrong result: relative error {err:.2e}")
                 settle(settle_s)
                 wall = time.time()
-                fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets, repeats_of(cfg))
+                fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets, repeats_of(cfg), idle_ms)
                 rec["fwd_wall_s"] = [wall, time.time()]
                 rec["fwd_ms"], rec["fwd_tflops"] = fwd_ms, fl / fwd_ms / 1e9
                 for s in sets:
@@ -458,7 +482,7 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0):
                     s[4].backward(s[3], retain_graph=True)
                 settle(settle_s)
                 wall = time.time()
-                bwd_ms = median_ms(bwd, sets, repeats_of(cfg))
+                bwd_ms = median_ms(bwd, sets, repeats_of(cfg), idle_ms)
                 rec["bwd_wall_s"] = [wall, time.time()]
                 rec["bwd_ms"], rec["bwd_tflops"] = bwd_ms, BWD_FACTOR * fl / bwd_ms / 1e9
                 del sets
@@ -483,6 +507,9 @@ def main():
     ap.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
                     help="idle the GPU this long before every backend's forward and "
                          "backward pass, so each starts from the same power state")
+    ap.add_argument("--idle-ms", type=int, default=0, metavar="N",
+                    help="idle the GPU N ms before every timed call, so no burst steps down "
+                         "in the middle (the power limiter rests between calls)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure everything this many times; report medians and ranges")
     ap.add_argument("--shapes", choices=["all", "core"], default="all")
@@ -505,6 +532,8 @@ def main():
         ap.error("--sustained must not be negative")
     if args.settle < 0:
         ap.error("--settle must not be negative")
+    if args.idle_ms < 0:
+        ap.error("--idle-ms must not be negative")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     if args.ours_only and args.torch_only:
@@ -524,6 +553,8 @@ def main():
         print("gqattn_bench not found (build it, or pass --bench)", file=sys.stderr)
     if args.settle > 0:
         print(f"every pass after {args.settle:g} s of idle GPU (--settle)", flush=True)
+    if args.idle_ms > 0:
+        print(f"every timed call after {args.idle_ms} ms of idle GPU (--idle-ms)", flush=True)
     progress = dict(round=0, shape=None)
     stopped = False
     previous_term = signal.signal(signal.SIGTERM, stop_early)
@@ -537,7 +568,7 @@ def main():
                     progress["shape"] = shape_key(cfg)
                     for backend, deterministic in ours_entries:
                         rec = run_ours(bench, cfg, repeats_for(cfg, args.repeats, args.sustained),
-                                       backend, deterministic, args.settle)
+                                       backend, deterministic, args.settle, args.idle_ms)
                         rec["backend"] = ("gqattn:" + rec.get("backend", backend) +
                                           ("" if deterministic else ":" + NONDET))
                         rec["deterministic"] = deterministic
@@ -551,7 +582,7 @@ def main():
             if not args.ours_only:
                 first = len(results)
                 torch_side(cfgs, lambda c: repeats_for(c, args.repeats, args.sustained), results,
-                           progress, args.settle)
+                           progress, args.settle, args.idle_ms)
                 for rec in results[first:]:
                     rec["round"] = round_index
     except (StoppedEarly, KeyboardInterrupt):
@@ -573,7 +604,7 @@ def main():
     with open(path, "w") as fh:
         json.dump(dict(results=results, medians=medians, table=table,
                        power_field=sampler.power_field, sustained_s=args.sustained,
-                       settle_s=args.settle, gpu=gpu,
+                       settle_s=args.settle, idle_ms=args.idle_ms, gpu=gpu,
                        partial=stopped,
                        stopped_at=(dict(round=progress["round"], shape=progress["shape"])
                                    if stopped else None)), fh,

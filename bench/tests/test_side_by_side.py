@@ -169,8 +169,9 @@ shape = sys.argv[sys.argv.index("--shape") + 1].split(",")
 if shape[1] == "{slow_t}":
     time.sleep(60)
 settle = sys.argv[sys.argv.index("--settle-ms") + 1] if "--settle-ms" in sys.argv else None
+idle = sys.argv[sys.argv.index("--idle-ms") + 1] if "--idle-ms" in sys.argv else None
 print(json.dumps(dict(backend="fake", fwd_tflops=100.0 + int(shape[1]) / 1024,
-                      bwd_tflops=50.0, settle_arg=settle)))
+                      bwd_tflops=50.0, settle_arg=settle, idle_arg=idle)))
 """
 
 
@@ -280,3 +281,55 @@ def test_gpu_identity_is_empty_when_nvidia_smi_fails_or_is_missing():
         returncode=9, stdout="")) == {}
     assert sbs.gpu_identity(run=lambda cmd, **kw: types.SimpleNamespace(
         returncode=0, stdout="only, three, fields")) == {}
+
+
+def test_idle_reaches_gqattn_bench_and_the_json(tmp_path):
+    bench = tmp_path / "fake_bench"
+    bench.write_text(FAKE_BENCH.format(slow_t=-1))
+    bench.chmod(0o755)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    for idle, arg in (("150", "150"), ("0", None)):
+        run = subprocess.run(
+            [sys.executable, script, "--bench", str(bench), "--ours", "cuda-hopper", "--ours-only",
+             "--match", "B16 T1024", "--idle-ms", idle, "--out", str(tmp_path)],
+            capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert ("of idle GPU (--idle-ms)" in run.stdout) == (arg is not None)
+        with open(tmp_path / "side_by_side.json") as fh:
+            result = json.load(fh)
+        assert result["idle_ms"] == int(idle)
+        assert [r["idle_arg"] for r in result["results"]] == [arg]
+
+
+def test_a_negative_idle_is_a_usage_error(tmp_path):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    run = subprocess.run([sys.executable, script, "--ours-only", "--idle-ms", "-5",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--idle-ms must not be negative" in run.stderr
+
+
+def test_idle_drains_and_sleeps_before_every_timed_call_only(monkeypatch):
+    import types
+    calls = []
+
+    class LoggingEvent(FakeEvent):
+        def record(self):
+            calls.append("record")
+
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(Event=LoggingEvent,
+                                      synchronize=lambda: calls.append("sync"))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(sbs.time, "sleep", lambda s: calls.append(("sleep", s)))
+    FakeEvent.durations = [1.0, 2.0]
+    seen = []
+    assert sbs.call_times_ms(seen.append, ["a"], 2, idle_ms=150) == [1.0, 2.0]
+    # The warm-up runs without pauses; each timed call's start event comes
+    # after a drain and the sleep.
+    assert len(seen) == sbs.WARMUP + 2
+    pause = ["sync", ("sleep", 0.15), "record", "record"]
+    assert calls == pause + pause
+    calls.clear()
+    FakeEvent.durations = [1.0]
+    sbs.call_times_ms(lambda s: None, ["a"], 1)
+    assert calls == ["record", "record"]
