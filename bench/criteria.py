@@ -15,7 +15,10 @@ may be missed on another; this prints all three rather than choosing.
 Given several runs, their rounds are pooled (each round's ratio still takes
 both sides from that round of that run): a line near its mark is then read
 over more rounds than one call holds. Pool only runs of the same kernels,
-or say which differ.
+or say which differ. Runs timed differently (side_by_side.py's --sustained,
+--settle, --idle-ms) read different levels; pooled together they are
+flagged with each run's protocol, and a lone run not timed in plain
+bursts says how it was.
 
 With --spread it prints instead, per line, both sides' TFLOP/s over the
 rounds (median, range, range as a percentage of the median): when a
@@ -239,6 +242,16 @@ def print_table(readings, markdown, out=None, header=HEADER, make_rows=rows):
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
 
 
+def protocol(run):
+    """How side_by_side.py timed a run, from its JSON (the fields default to
+    off where older runs lack them): bursts, after a settle, paused calls
+    or sustained."""
+    parts = [f"sustained {run.get('sustained_s') or 0:g} s",
+             f"settle {run.get('settle_s') or 0:g} s",
+             f"idle {run.get('idle_ms') or 0} ms a call"]
+    return ", ".join(parts)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", metavar="run",
@@ -267,6 +280,14 @@ def main(argv=None):
         # may land on different H200s, whose levels differ on both sides.
         print("GPU per run: " + ", ".join(f"{path}: {uuid or 'not recorded'}"
                                           for path, uuid in zip(args.runs, gpus)))
+    protocols = [protocol(one) for one in runs]
+    if len(set(protocols)) > 1:
+        # Pooling mixes regimes: bursts, paused calls and sustained runs
+        # read different levels (docs/performance.md, fortieth session).
+        print("note: the runs were measured differently, pooled all the same: " +
+              ", ".join(f"{path}: {p}" for path, p in zip(args.runs, protocols)))
+    elif protocols[0] != protocol({}):
+        print(f"protocol: {protocols[0]}")
     run = runs[0] if len(runs) == 1 else pool_runs(runs)
     if args.spread:
         print(f"{args.ours} in {', '.join(args.runs)}"

@@ -201,3 +201,24 @@ def test_the_gpu_of_each_run_is_named_where_recorded(anchors_dir, tmp_path, caps
     assert "GPU per run" not in capsys.readouterr().out
     criteria.main([str(old), str(new), "--anchors", anchors_dir])
     assert f"GPU per run: {old}: not recorded, {new}: GPU-abc" in capsys.readouterr().out
+
+
+def test_runs_of_different_protocols_are_flagged_when_pooled(anchors_dir, tmp_path, capsys):
+    run = {"results": [record(OURS, criteria.T4K, 0, 660.0, 1.0),
+                       record("sdpa-cudnn", criteria.T4K, 0, 600.0, 1.0)]}
+    burst = tmp_path / "burst.json"
+    burst.write_text(json.dumps(dict(run, settle_s=0.0, idle_ms=0)))
+    old = tmp_path / "old.json"  # before the fields existed: a burst too
+    old.write_text(json.dumps(run))
+    paused = tmp_path / "paused.json"
+    paused.write_text(json.dumps(dict(run, idle_ms=150)))
+    criteria.main([str(burst), str(old), "--anchors", anchors_dir])
+    out = capsys.readouterr().out
+    assert "measured differently" not in out and "protocol:" not in out
+    criteria.main([str(burst), str(paused), "--anchors", anchors_dir])
+    out = capsys.readouterr().out
+    assert ("note: the runs were measured differently, pooled all the same: "
+            f"{burst}: sustained 0 s, settle 0 s, idle 0 ms a call, "
+            f"{paused}: sustained 0 s, settle 0 s, idle 150 ms a call") in out
+    criteria.main([str(paused), "--anchors", anchors_dir])
+    assert "protocol: sustained 0 s, settle 0 s, idle 150 ms a call" in capsys.readouterr().out
