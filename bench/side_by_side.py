@@ -58,8 +58,8 @@ docs/performance.md), so the median of a burst is either level by chance.
 Paused calls measure each kernel at its rested clock, a reproducible
 basis; --sustained measures the opposite regime. The run takes N ms more
 per timed call (at 150 ms and the default 30 repeats, 1800 timed calls a
-round of the standard shapes: 4.5 minutes more; --repeats 15 halves
-that). Off by default; the JSON records it ("idle_ms").
+round of the standard shapes, 4.5 minutes more; --repeats 10 makes that
+1.5). Off by default; the JSON records it ("idle_ms").
 
 The JSON also records which GPU it ran on and its state at the start
 ("gpu": nvidia-smi's name, uuid, serial, driver, VBIOS, power limit,
