@@ -280,11 +280,15 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
       append(line, "%s%.4f", i == 0 ? "" : ", ", double(call_ms[i]));
     append(line, "]");
   };
+  // The GPU idles `ms` from here on (the stream drained, then a host
+  // sleep): --settle-ms before each pass, --idle-ms before each timed call.
+  const auto idle_gpu = [&](int ms) {
+    if (ms <= 0) return;
+    check(cudaStreamSynchronize(stream), "sync");
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  };
   auto time_calls = [&](auto&& call) {
-    if (s.settle_ms > 0) {
-      check(cudaStreamSynchronize(stream), "sync");  // idle from here on
-      std::this_thread::sleep_for(std::chrono::milliseconds(s.settle_ms));
-    }
+    idle_gpu(s.settle_ms);
     for (int i = 0; i < s.warmup; ++i) call(all[std::size_t(i % sets)]);
     if (s.release_workspace) {
       // The pool releases only frees the host has seen complete.
@@ -296,10 +300,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
     energy_read = energy.read_mj(mj_start);
     wall_start = wall_s();
     for (int i = 0; i < s.repeats; ++i) {
-      if (s.idle_ms > 0) {
-        check(cudaStreamSynchronize(stream), "sync");  // the warm-up, before the first
-        std::this_thread::sleep_for(std::chrono::milliseconds(s.idle_ms));
-      }
+      idle_gpu(s.idle_ms);  // the warm-up drained too, before the first
       check(cudaEventRecord(start, stream), "record");
       call(all[std::size_t(i % sets)]);
       check(cudaEventRecord(stop, stream), "record");

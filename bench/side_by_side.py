@@ -52,7 +52,7 @@ call has been waited for; then the host sleeps), ours (gqattn_bench
 limiter, so no burst steps down in the middle of its calls. Back to back,
 a long kernel that draws more power than its competitor runs 5-6% faster
 for its first calls than after the limiter reacts, somewhere in the 30
-(the cap30 backward read 447-456 or 468-473 TFLOP/s by where that step
+(the cap30 backward read 447-456 or 463-473 TFLOP/s by where that step
 fell, 459-461 with 150 ms pauses: 2026-12-04, fortieth session,
 docs/performance.md), so the median of a burst is either level by chance.
 Paused calls measure each kernel at its rested clock, a reproducible
@@ -329,9 +329,7 @@ def call_times_ms(fn, sets, repeats, idle_ms=0):
     stop = torch.cuda.Event(enable_timing=True)
     times = []
     for i in range(repeats):
-        if idle_ms > 0:
-            torch.cuda.synchronize()  # the warm-up too, before the first
-            time.sleep(idle_ms / 1000)
+        idle_gpu(idle_ms / 1000)  # the warm-up drained too, before the first
         start.record()
         fn(sets[i % len(sets)])
         stop.record()
@@ -340,9 +338,9 @@ def call_times_ms(fn, sets, repeats, idle_ms=0):
     return times
 
 
-def settle(seconds):
-    """--settle: the GPU idles `seconds` (its queue drained first) before a
-    pass's warm-up; nothing for 0."""
+def idle_gpu(seconds):
+    """The GPU idles `seconds`, its queue drained first (--settle before a
+    pass's warm-up, --idle-ms before each timed call); nothing for 0."""
     if seconds <= 0:
         return
     import torch
@@ -469,7 +467,7 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0
                 rec["rel_err"] = err
                 if not err < REF_MAX_REL_ERR:
                     raise RuntimeError(f"wrong result: relative error {err:.2e}")
-                settle(settle_s)
+                idle_gpu(settle_s)
                 wall = time.time()
                 fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets, repeats_of(cfg), idle_ms)
                 rec["fwd_wall_s"] = [wall, time.time()]
@@ -480,7 +478,7 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0
                 def bwd(s):
                     s[0].grad = s[1].grad = s[2].grad = None
                     s[4].backward(s[3], retain_graph=True)
-                settle(settle_s)
+                idle_gpu(settle_s)
                 wall = time.time()
                 bwd_ms = median_ms(bwd, sets, repeats_of(cfg), idle_ms)
                 rec["bwd_wall_s"] = [wall, time.time()]

@@ -221,20 +221,26 @@ def test_a_complete_run_is_not_partial(tmp_path):
         (1, "B1 T16384"), (1, "B16 T1024"), (1, "B4 T4096 ")]
 
 
-def test_settle_reaches_gqattn_bench_in_milliseconds_and_the_json(tmp_path):
+def run_ours_only_on_t1k(tmp_path, *flags):
+    """side_by_side.py --ours-only on the B16 T1024 shape with the fake bench
+    and `flags`: the finished process and the JSON it wrote."""
     bench = tmp_path / "fake_bench"
     bench.write_text(FAKE_BENCH.format(slow_t=-1))
     bench.chmod(0o755)
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    run = subprocess.run(
+        [sys.executable, script, "--bench", str(bench), "--ours", "cuda-hopper", "--ours-only",
+         "--match", "B16 T1024", *flags, "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    with open(tmp_path / "side_by_side.json") as fh:
+        return run, json.load(fh)
+
+
+def test_settle_reaches_gqattn_bench_in_milliseconds_and_the_json(tmp_path):
     for settle, arg in (("0.25", "250"), ("0", None)):
-        run = subprocess.run(
-            [sys.executable, script, "--bench", str(bench), "--ours", "cuda-hopper", "--ours-only",
-             "--match", "B16 T1024", "--settle", settle, "--out", str(tmp_path)],
-            capture_output=True, text=True, timeout=60)
-        assert run.returncode == 0, run.stderr
+        run, result = run_ours_only_on_t1k(tmp_path, "--settle", settle)
         assert ("of idle GPU (--settle)" in run.stdout) == (arg is not None)
-        with open(tmp_path / "side_by_side.json") as fh:
-            result = json.load(fh)
         assert result["settle_s"] == float(settle)
         assert [r["settle_arg"] for r in result["results"]] == [arg]
 
@@ -253,9 +259,9 @@ def test_settle_drains_the_gpu_then_sleeps_and_zero_does_nothing(monkeypatch):
     fake.cuda = types.SimpleNamespace(synchronize=lambda: calls.append("sync"))
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setattr(sbs.time, "sleep", lambda s: calls.append(("sleep", s)))
-    sbs.settle(0.0)
+    sbs.idle_gpu(0.0)
     assert calls == []
-    sbs.settle(0.5)
+    sbs.idle_gpu(0.5)
     assert calls == ["sync", ("sleep", 0.5)]
 
 
@@ -284,19 +290,9 @@ def test_gpu_identity_is_empty_when_nvidia_smi_fails_or_is_missing():
 
 
 def test_idle_reaches_gqattn_bench_and_the_json(tmp_path):
-    bench = tmp_path / "fake_bench"
-    bench.write_text(FAKE_BENCH.format(slow_t=-1))
-    bench.chmod(0o755)
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
     for idle, arg in (("150", "150"), ("0", None)):
-        run = subprocess.run(
-            [sys.executable, script, "--bench", str(bench), "--ours", "cuda-hopper", "--ours-only",
-             "--match", "B16 T1024", "--idle-ms", idle, "--out", str(tmp_path)],
-            capture_output=True, text=True, timeout=60)
-        assert run.returncode == 0, run.stderr
+        run, result = run_ours_only_on_t1k(tmp_path, "--idle-ms", idle)
         assert ("of idle GPU (--idle-ms)" in run.stdout) == (arg is not None)
-        with open(tmp_path / "side_by_side.json") as fh:
-            result = json.load(fh)
         assert result["idle_ms"] == int(idle)
         assert [r["idle_arg"] for r in result["results"]] == [arg]
 
