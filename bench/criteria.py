@@ -248,7 +248,8 @@ def protocol(run):
     or sustained."""
     parts = [f"sustained {run.get('sustained_s') or 0:g} s",
              f"settle {run.get('settle_s') or 0:g} s",
-             f"idle {run.get('idle_ms') or 0} ms a call"]
+             f"idle {run.get('idle_ms') or 0} ms a call",
+             f"spin {run.get('spin_ahead_us') or 0} us ahead"]
     return ", ".join(parts)
 
 

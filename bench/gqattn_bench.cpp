@@ -12,7 +12,7 @@
 //   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
 //                [--no-backward] [--nondeterministic] [--release-workspace]
-//                [--idle-ms N] [--settle-ms N] [--call-times]
+//                [--idle-ms N] [--settle-ms N] [--spin-ahead-us N] [--call-times]
 //
 // --nondeterministic passes Options::deterministic = false (cuda-flash's
 // backward then adds dQ with atomics); each line says which in
@@ -28,6 +28,15 @@
 // if a kernel is slower back to back than after a pause (power or thermal
 // limits), this shows it. bench/side_by_side.py --idle-ms passes it.
 // Each line says which in "idle_ms".
+// --spin-ahead-us N queues a GPU spin of N microseconds in front of every
+// timed call (spin_ahead.hpp), so that the host has queued the call before
+// its start event fires: the time is the GPU's alone, not the host's
+// launch latency, which grows after an idle pause. Each pass's
+// "fwd_enqueue_us" / "bwd_enqueue_us" is the median host time from before
+// the start event to after the stop event was queued, and with a spin,
+// "fwd_spin_short" / "bwd_spin_short" counts the timed calls whose queueing
+// outlasted the spin (they include host time). Each line says which in
+// "spin_ahead_us". bench/side_by_side.py --spin-ahead-us passes it.
 // --settle-ms N lets the GPU idle N ms (the stream drained, then a host
 // sleep) once before each pass's warm-up, meant to start every pass from
 // the same state of the power limiter whatever ran before it (a burst's
@@ -71,6 +80,7 @@
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
 #include "nvml_energy.hpp"
+#include "spin_ahead.hpp"
 
 namespace {
 
@@ -186,6 +196,7 @@ struct Settings {
   bool release_workspace = false;  // release_workspace_memory() after each timed call
   int idle_ms = 0;                 // host sleep before each timed call
   int settle_ms = 0;               // host sleep before each pass's warm-up
+  int spin_ahead_us = 0;           // GPU spin queued in front of each timed call
   bool call_times = false;         // every timed call's ms in the line
 };
 
@@ -196,11 +207,11 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
   std::string line;
   append(line,
          "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
-         "\"idle_ms\": %d, \"settle_ms\": %d, \"dtype\": \"%s\", "
+         "\"idle_ms\": %d, \"settle_ms\": %d, \"spin_ahead_us\": %d, \"dtype\": \"%s\", "
          "\"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, \"Hkv\": %lld, \"d\": %lld, "
          "\"causal\": %d, \"window\": %lld, \"softcap\": %g, \"kept_pairs\": %.0f",
          gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
-         s.release_workspace ? "true" : "false", s.idle_ms, s.settle_ms,
+         s.release_workspace ? "true" : "false", s.idle_ms, s.settle_ms, s.spin_ahead_us,
          gqattn::dtype_name(s.dtype), (long long)p.B, (long long)p.Tq, (long long)p.Tk,
          (long long)p.H, (long long)p.Hkv, (long long)p.d, int(p.causal), (long long)p.window,
          double(p.softcap), pairs);
@@ -273,6 +284,8 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
   std::uint64_t mj_start = 0, mj_end = 0;
   bool energy_read = false;
   std::vector<float> call_ms;  // of the last time_calls, in call order
+  double enqueue_us = 0.0;     // of the last time_calls: median host time to queue a call
+  int spin_short = 0;          // of the last time_calls: calls queued slower than the spin
   const auto append_call_times = [&](const char* pass) {
     if (!s.call_times) return;
     append(line, ", \"%s_call_ms\": [", pass);
@@ -295,15 +308,20 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
       check(cudaStreamSynchronize(stream), "sync");
       gqattn::release_workspace_memory();
     }
-    std::vector<float> ms;
+    std::vector<float> ms, queue_us;
     if (energy.available()) check(cudaStreamSynchronize(stream), "sync");  // warm-up's energy out
     energy_read = energy.read_mj(mj_start);
     wall_start = wall_s();
     for (int i = 0; i < s.repeats; ++i) {
       idle_gpu(s.idle_ms);  // the warm-up drained too, before the first
+      check(gqattn_bench::spin_ahead(stream, s.spin_ahead_us), "spin ahead");
+      const auto queue_start = std::chrono::steady_clock::now();
       check(cudaEventRecord(start, stream), "record");
       call(all[std::size_t(i % sets)]);
       check(cudaEventRecord(stop, stream), "record");
+      queue_us.push_back(float(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - queue_start)
+              .count()));
       check(cudaEventSynchronize(stop), "sync");
       if (s.release_workspace) gqattn::release_workspace_memory();
       float t = 0.0f;
@@ -313,11 +331,23 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
     wall_end = wall_s();
     energy_read = energy_read && energy.read_mj(mj_end) && mj_end >= mj_start;
     call_ms = ms;
+    enqueue_us = median(queue_us);
+    const auto outlasted_spin = [&](float us) { return us >= float(s.spin_ahead_us); };
+    spin_short = s.spin_ahead_us <= 0
+                     ? 0
+                     : int(std::count_if(queue_us.begin(), queue_us.end(), outlasted_spin));
     return median(ms);
   };
 
   // ', "<pass>_nvml_joules": J, "<pass>_nvml_pj_per_flop": pJ' for the last
   // time_calls, where the counter answered.
+  // ', "<pass>_enqueue_us": us[, "<pass>_spin_short": n]' for the last
+  // time_calls.
+  const auto append_queueing = [&](const char* pass) {
+    append(line, ", \"%s_enqueue_us\": %.1f", pass, enqueue_us);
+    if (s.spin_ahead_us > 0) append(line, ", \"%s_spin_short\": %d", pass, spin_short);
+  };
+
   const auto append_energy = [&](const char* pass, double flops_per_call) {
     if (!energy_read) return;
     const double joules = double(mj_end - mj_start) * 1e-3;
@@ -333,6 +363,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
            ", \"sets\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
            "\"fwd_wall_s\": [%.3f, %.3f]",
            sets, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, wall_start, wall_end);
+    append_queueing("fwd");
     append_energy("fwd", fwd_flops);
     append_call_times("fwd");
     const gqattn::Explanation backward_support =
@@ -345,6 +376,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
       const double bwd_ms = time_calls(backward);
       append(line, ", \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f, \"bwd_wall_s\": [%.3f, %.3f]", bwd_ms,
              kBackwardFlopFactor * fwd_flops / (bwd_ms * 1e-3) / 1e12, wall_start, wall_end);
+      append_queueing("bwd");
       append_energy("bwd", kBackwardFlopFactor * fwd_flops);
       append_call_times("bwd");
     }
@@ -406,6 +438,8 @@ int main(int argc, char** argv) {
       settings.idle_ms = std::max(0, std::atoi(value().c_str()));
     } else if (arg == "--settle-ms") {
       settings.settle_ms = std::max(0, std::atoi(value().c_str()));
+    } else if (arg == "--spin-ahead-us") {
+      settings.spin_ahead_us = std::max(0, std::atoi(value().c_str()));
     } else if (arg == "--call-times") {
       settings.call_times = true;
     } else {
@@ -413,7 +447,7 @@ int main(int argc, char** argv) {
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
                    "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
                    "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N] "
-                   "[--settle-ms N] [--call-times]\n");
+                   "[--settle-ms N] [--spin-ahead-us N] [--call-times]\n");
       return 2;
     }
   }

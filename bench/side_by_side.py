@@ -18,7 +18,7 @@ fast-but-wrong result is not reported.
 
 usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]
                                     [--sustained SECONDS] [--settle SECONDS] [--idle-ms N]
-                                    [--rounds N]
+                                    [--spin-ahead-us N] [--rounds N]
                                     [--shapes all|core] [--match TEXT]
                                     [--ours-only | --torch-only] [--ours BACKEND[:nondet],...]
 
@@ -59,7 +59,26 @@ Paused calls measure each kernel at its rested clock, a reproducible
 basis; --sustained measures the opposite regime. The run takes N ms more
 per timed call (at 150 ms and the default 30 repeats, 1800 timed calls a
 round of the standard shapes, 4.5 minutes more; --repeats 10 makes that
-1.5). Off by default; the JSON records it ("idle_ms").
+1.5). Off by default; the JSON records it ("idle_ms"). Paused calls need
+--spin-ahead-us: without it each call's time holds the host's launch
+latency after the pause, which is PyTorch's more than ours (next).
+
+--spin-ahead-us N queues a GPU spin of N microseconds in front of every
+timed call, ours (gqattn_bench --spin-ahead-us, bench/spin_ahead.hpp) and
+PyTorch's (torch.cuda._sleep) alike, so that the host has queued the call
+and its stop event before the start event fires: the events then time the
+GPU alone. Every timed call follows a synchronisation, so without the
+spin the start event fires at once and the host's time to launch the call
+counts. Back to back that is tens of microseconds; after an idle pause it
+was about 0.4 ms more per PyTorch call (2026-12-04, the forty-eighth run,
+paused without a spin: cuDNN's T4k forward 1.36-1.44 ms against about
+0.98 back to back; docs/performance.md). Every record gives the median
+host time to queue a call ("fwd_enqueue_us", "bwd_enqueue_us") and, with
+a spin, how many calls were queued slower than the spin lasted
+("fwd_spin_short", "bwd_spin_short": those include host time; the tables
+flag them). On by default at 2000 us, which covers PyTorch's slowest
+backward seen (0 for the earlier method, runs up to the forty-eighth); the
+JSON records it ("spin_ahead_us").
 
 The JSON also records which GPU it ran on and its state at the start
 ("gpu": nvidia-smi's name, uuid, serial, driver, VBIOS, power limit,
@@ -297,7 +316,8 @@ def parse_ours(entry):
     return backend, flag == ""
 
 
-def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0, idle_ms=0):
+def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0, idle_ms=0,
+             spin_ahead_us=0):
     B, T, H, Hkv, d, causal, window, softcap = cfg
     shape = f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},{window},{softcap}"
     cmd = [bench, "--shape", shape, "--repeats", str(repeats), "--warmup", str(WARMUP),
@@ -308,6 +328,8 @@ def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0, idl
         cmd += ["--settle-ms", str(round(settle_s * 1000))]
     if idle_ms > 0:
         cmd += ["--idle-ms", str(idle_ms)]
+    if spin_ahead_us > 0:
+        cmd += ["--spin-ahead-us", str(spin_ahead_us)]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
@@ -317,25 +339,72 @@ def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0, idl
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
-def call_times_ms(fn, sets, repeats, idle_ms=0):
+def call_times_ms(fn, sets, repeats, idle_ms=0, spin_ahead_us=0, queueing=None):
     """WARMUP untimed calls of fn, then `repeats` calls each alone between
     two CUDA events (fn(sets[i % len(sets)])): their times in ms, in call
     order. idle_ms (--idle-ms): before each timed call the GPU is drained
-    and the host sleeps that long."""
+    and the host sleeps that long. spin_ahead_us (--spin-ahead-us): a GPU
+    spin that long is queued in front of each timed call. queueing, a dict
+    if given, gets "enqueue_us" (the median host time from before the start
+    event to after the stop event was queued) and, with a spin,
+    "spin_short" (the calls queued slower than the spin lasted)."""
     import torch
     for i in range(WARMUP):
         fn(sets[i % len(sets)])
     start = torch.cuda.Event(enable_timing=True)
     stop = torch.cuda.Event(enable_timing=True)
-    times = []
+    times, queue_us = [], []
     for i in range(repeats):
         idle_gpu(idle_ms / 1000)  # the warm-up drained too, before the first
+        spin_ahead(spin_ahead_us)
+        queue_start = time.perf_counter()
         start.record()
         fn(sets[i % len(sets)])
         stop.record()
+        queue_us.append((time.perf_counter() - queue_start) * 1e6)
         stop.synchronize()
         times.append(start.elapsed_time(stop))
+    if queueing is not None:
+        queueing["enqueue_us"] = round(sorted(queue_us)[len(queue_us) // 2], 1)
+        if spin_ahead_us > 0:
+            queueing["spin_short"] = sum(us >= spin_ahead_us for us in queue_us)
     return times
+
+
+# Longer than PyTorch takes to queue one backward call (at most about 1.6 ms
+# in the forty-ninth run, after 150 ms pauses; 0.3-1.3 ms back to back).
+DEFAULT_SPIN_AHEAD_US = 2000
+
+# torch.cuda._sleep counts SM clock cycles; SPIN_CALIBRATION_CYCLES of them
+# (about 10 ms at the H200's 1980 MHz) measure how many make a microsecond.
+SPIN_CALIBRATION_CYCLES = 20_000_000
+_spin_cycles_per_us = None
+
+
+def spin_ahead(us):
+    """Queues a GPU spin of about `us` microseconds (torch.cuda._sleep, a
+    one-thread kernel: the GPU stays as rested as idle) in front of the
+    next timed call, as gqattn_bench --spin-ahead-us does (its
+    bench/spin_ahead.hpp says why: the host's launch time, which grows
+    after an idle pause, stays out of the events' window). Nothing for 0.
+    The cycles per microsecond are measured once, the highest of three
+    tries, so that a slower clock only lengthens the spin."""
+    global _spin_cycles_per_us
+    if us <= 0:
+        return
+    import torch
+    if _spin_cycles_per_us is None:
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        rates = []
+        for _ in range(3):
+            a.record()
+            torch.cuda._sleep(SPIN_CALIBRATION_CYCLES)
+            b.record()
+            b.synchronize()
+            rates.append(SPIN_CALIBRATION_CYCLES / (a.elapsed_time(b) * 1000))
+        _spin_cycles_per_us = max(rates)
+    torch.cuda._sleep(int(us * _spin_cycles_per_us))
 
 
 def idle_gpu(seconds):
@@ -348,8 +417,8 @@ def idle_gpu(seconds):
     time.sleep(seconds)
 
 
-def median_ms(fn, sets, repeats, idle_ms=0):
-    times = sorted(call_times_ms(fn, sets, repeats, idle_ms))
+def median_ms(fn, sets, repeats, idle_ms=0, spin_ahead_us=0, queueing=None):
+    times = sorted(call_times_ms(fn, sets, repeats, idle_ms, spin_ahead_us, queueing))
     return times[len(times) // 2]
 
 
@@ -398,12 +467,14 @@ def flex(T, causal, window, softcap, dev="cuda"):
     return f
 
 
-def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0):
+def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0,
+               spin_ahead_us=0):
     """PyTorch's backends on every shape; repeats_of(cfg): the timed calls.
     progress (a dict), if given, gets the label of the shape being timed
     ("shape"), for the message of a run stopped early. settle_s: the idle
     time before each pass (--settle); idle_ms: before each timed call
-    (--idle-ms)."""
+    (--idle-ms); spin_ahead_us: the GPU spin in front of each timed call
+    (--spin-ahead-us)."""
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -451,7 +522,7 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0
         for name, f in candidates:
             rec = dict(backend=name, shape=shape_key(cfg), B=B, T=T, H=H, Hkv=Hkv, d=d,
                        causal=causal, window=window, softcap=softcap, settle_s=settle_s,
-                       idle_ms=idle_ms)
+                       idle_ms=idle_ms, spin_ahead_us=spin_ahead_us)
             try:
                 if f is None:
                     f = flex(T, causal, window, softcap)
@@ -469,7 +540,10 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0
                     raise RuntimeError(f"wrong result: relative error {err:.2e}")
                 idle_gpu(settle_s)
                 wall = time.time()
-                fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets, repeats_of(cfg), idle_ms)
+                queueing = {}
+                fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets, repeats_of(cfg), idle_ms,
+                                   spin_ahead_us, queueing)
+                rec.update({"fwd_" + k: v for k, v in queueing.items()})
                 rec["fwd_wall_s"] = [wall, time.time()]
                 rec["fwd_ms"], rec["fwd_tflops"] = fwd_ms, fl / fwd_ms / 1e9
                 for s in sets:
@@ -480,7 +554,9 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0
                     s[4].backward(s[3], retain_graph=True)
                 idle_gpu(settle_s)
                 wall = time.time()
-                bwd_ms = median_ms(bwd, sets, repeats_of(cfg), idle_ms)
+                queueing = {}
+                bwd_ms = median_ms(bwd, sets, repeats_of(cfg), idle_ms, spin_ahead_us, queueing)
+                rec.update({"bwd_" + k: v for k, v in queueing.items()})
                 rec["bwd_wall_s"] = [wall, time.time()]
                 rec["bwd_ms"], rec["bwd_tflops"] = bwd_ms, BWD_FACTOR * fl / bwd_ms / 1e9
                 del sets
@@ -508,6 +584,10 @@ def main():
     ap.add_argument("--idle-ms", type=int, default=0, metavar="N",
                     help="idle the GPU N ms before every timed call, so no burst steps down "
                          "in the middle (the power limiter rests between calls)")
+    ap.add_argument("--spin-ahead-us", type=int, default=DEFAULT_SPIN_AHEAD_US, metavar="N",
+                    help="queue a GPU spin of N us in front of every timed call, so the "
+                         "host's launch time stays out of the measured time (0: none; "
+                         f"default {DEFAULT_SPIN_AHEAD_US})")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure everything this many times; report medians and ranges")
     ap.add_argument("--shapes", choices=["all", "core"], default="all")
@@ -532,6 +612,8 @@ def main():
         ap.error("--settle must not be negative")
     if args.idle_ms < 0:
         ap.error("--idle-ms must not be negative")
+    if args.spin_ahead_us < 0:
+        ap.error("--spin-ahead-us must not be negative")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     if args.ours_only and args.torch_only:
@@ -553,6 +635,9 @@ def main():
         print(f"every pass after {args.settle:g} s of idle GPU (--settle)", flush=True)
     if args.idle_ms > 0:
         print(f"every timed call after {args.idle_ms} ms of idle GPU (--idle-ms)", flush=True)
+    if args.spin_ahead_us > 0:
+        print(f"every timed call queued behind a {args.spin_ahead_us} us GPU spin "
+              f"(--spin-ahead-us)", flush=True)
     progress = dict(round=0, shape=None)
     stopped = False
     previous_term = signal.signal(signal.SIGTERM, stop_early)
@@ -566,7 +651,8 @@ def main():
                     progress["shape"] = shape_key(cfg)
                     for backend, deterministic in ours_entries:
                         rec = run_ours(bench, cfg, repeats_for(cfg, args.repeats, args.sustained),
-                                       backend, deterministic, args.settle, args.idle_ms)
+                                       backend, deterministic, args.settle, args.idle_ms,
+                                       args.spin_ahead_us)
                         rec["backend"] = ("gqattn:" + rec.get("backend", backend) +
                                           ("" if deterministic else ":" + NONDET))
                         rec["deterministic"] = deterministic
@@ -580,7 +666,7 @@ def main():
             if not args.ours_only:
                 first = len(results)
                 torch_side(cfgs, lambda c: repeats_for(c, args.repeats, args.sustained), results,
-                           progress, args.settle, args.idle_ms)
+                           progress, args.settle, args.idle_ms, args.spin_ahead_us)
                 for rec in results[first:]:
                     rec["round"] = round_index
     except (StoppedEarly, KeyboardInterrupt):
@@ -597,12 +683,14 @@ def main():
     annotate_clocks(results, sampler)
     medians, table = summarise(cfgs, results, args.rounds)
     print_clocks(cfgs, results, sampler.power_field)
+    print_spin_short(results)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "side_by_side.json")
     with open(path, "w") as fh:
         json.dump(dict(results=results, medians=medians, table=table,
                        power_field=sampler.power_field, sustained_s=args.sustained,
-                       settle_s=args.settle, idle_ms=args.idle_ms, gpu=gpu,
+                       settle_s=args.settle, idle_ms=args.idle_ms,
+                       spin_ahead_us=args.spin_ahead_us, gpu=gpu,
                        partial=stopped,
                        stopped_at=(dict(round=progress["round"], shape=progress["shape"])
                                    if stopped else None)), fh,
@@ -669,6 +757,18 @@ def ratio_of(records, others, ours_det, key):
     mine = max((records[n][key] for n in ours_det if n in records and key in records[n]),
                default=None)
     return mine / best if best and mine else None
+
+
+def print_spin_short(results):
+    """Names the passes whose timed calls the host queued slower than the
+    spin ahead of them lasted (--spin-ahead-us): their times include host
+    time, as every call's did without a spin."""
+    short = [f"{r['backend']} {r['shape']} {p} ({r[p + '_spin_short']} of the calls, "
+             f"median queueing {r.get(p + '_enqueue_us', float('nan')):.0f} us)"
+             for r in results for p in ("fwd", "bwd") if r.get(p + "_spin_short")]
+    if short:
+        print("\nnote: calls queued slower than the spin ahead of them (their times include "
+              "host time; raise --spin-ahead-us):\n  " + "\n  ".join(short))
 
 
 def summarise(cfgs, results, rounds):

@@ -212,13 +212,18 @@ def test_runs_of_different_protocols_are_flagged_when_pooled(anchors_dir, tmp_pa
     old.write_text(json.dumps(run))
     paused = tmp_path / "paused.json"
     paused.write_text(json.dumps(dict(run, idle_ms=150)))
+    spun = tmp_path / "spun.json"
+    spun.write_text(json.dumps(dict(run, idle_ms=150, spin_ahead_us=2000)))
     criteria.main([str(burst), str(old), "--anchors", anchors_dir])
     out = capsys.readouterr().out
     assert "measured differently" not in out and "protocol:" not in out
     criteria.main([str(burst), str(paused), "--anchors", anchors_dir])
     out = capsys.readouterr().out
     assert ("note: the runs were measured differently, pooled all the same: "
-            f"{burst}: sustained 0 s, settle 0 s, idle 0 ms a call, "
-            f"{paused}: sustained 0 s, settle 0 s, idle 150 ms a call") in out
+            f"{burst}: sustained 0 s, settle 0 s, idle 0 ms a call, spin 0 us ahead, "
+            f"{paused}: sustained 0 s, settle 0 s, idle 150 ms a call, spin 0 us ahead") in out
+    criteria.main([str(paused), str(spun), "--anchors", anchors_dir])
+    assert "idle 150 ms a call, spin 2000 us ahead" in capsys.readouterr().out
     criteria.main([str(paused), "--anchors", anchors_dir])
-    assert "protocol: sustained 0 s, settle 0 s, idle 150 ms a call" in capsys.readouterr().out
+    assert ("protocol: sustained 0 s, settle 0 s, idle 150 ms a call, spin 0 us ahead"
+            in capsys.readouterr().out)

@@ -170,8 +170,10 @@ if shape[1] == "{slow_t}":
     time.sleep(60)
 settle = sys.argv[sys.argv.index("--settle-ms") + 1] if "--settle-ms" in sys.argv else None
 idle = sys.argv[sys.argv.index("--idle-ms") + 1] if "--idle-ms" in sys.argv else None
+spin = (sys.argv[sys.argv.index("--spin-ahead-us") + 1] if "--spin-ahead-us" in sys.argv
+        else None)
 print(json.dumps(dict(backend="fake", fwd_tflops=100.0 + int(shape[1]) / 1024,
-                      bwd_tflops=50.0, settle_arg=settle, idle_arg=idle)))
+                      bwd_tflops=50.0, settle_arg=settle, idle_arg=idle, spin_arg=spin)))
 """
 
 
@@ -186,7 +188,9 @@ def test_a_run_stopped_by_sigterm_writes_what_it_measured(tmp_path):
         [sys.executable, script, "--bench", str(bench), "--ours", "cuda-hopper", "--ours-only",
          "--match", "d128 c1 w0 cap0", "--out", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = proc.stdout.readline()  # the T1k record, printed before T4k starts
+    first = proc.stdout.readline()  # the protocol's lines, then the T1k record
+    while first.startswith("every timed call"):
+        first = proc.stdout.readline()
     assert "T1024" in first and "fwd   101.0" in first
     time.sleep(0.5)  # into the hanging call
     proc.terminate()
@@ -329,3 +333,66 @@ def test_idle_drains_and_sleeps_before_every_timed_call_only(monkeypatch):
     FakeEvent.durations = [1.0]
     sbs.call_times_ms(lambda s: None, ["a"], 1)
     assert calls == ["record", "record"]
+
+
+def test_spin_ahead_reaches_gqattn_bench_and_the_json(tmp_path):
+    default = str(sbs.DEFAULT_SPIN_AHEAD_US)
+    for flags, arg in (((), default), (("--spin-ahead-us", "500"), "500"),
+                       (("--spin-ahead-us", "0"), None)):
+        run, result = run_ours_only_on_t1k(tmp_path, *flags)
+        assert ("GPU spin (--spin-ahead-us)" in run.stdout) == (arg is not None)
+        assert result["spin_ahead_us"] == int(arg or 0)
+        assert [r["spin_arg"] for r in result["results"]] == [arg]
+
+
+def test_passes_queued_slower_than_their_spin_are_named(capsys):
+    results = [dict(backend="flex", shape="S", fwd_spin_short=0, bwd_spin_short=3,
+                    bwd_enqueue_us=2400.0),
+               dict(backend="gqattn:cuda-hopper", shape="S", fwd_spin_short=0,
+                    bwd_spin_short=0)]
+    sbs.print_spin_short(results)
+    out = capsys.readouterr().out
+    assert "flex S bwd (3 of the calls, median queueing 2400 us)" in out
+    assert "gqattn" not in out and " fwd " not in out
+    sbs.print_spin_short(results[1:])
+    assert capsys.readouterr().out == ""
+
+
+def test_a_negative_spin_is_a_usage_error(tmp_path):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    run = subprocess.run([sys.executable, script, "--ours-only", "--spin-ahead-us", "-1",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--spin-ahead-us must not be negative" in run.stderr
+
+
+def test_the_spin_is_queued_before_every_start_event_and_slow_queueing_is_counted(monkeypatch):
+    import types
+    calls = []
+
+    class LoggingEvent(FakeEvent):
+        def record(self):
+            calls.append("record")
+
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(Event=LoggingEvent, _sleep=lambda n: calls.append(n))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(sbs, "_spin_cycles_per_us", None)
+    # Calibration: three spins of SPIN_CALIBRATION_CYCLES; the fastest
+    # (10 ms: 2000 cycles a microsecond) sets the rate. Then two timed calls.
+    FakeEvent.durations = [20.0, 10.0, 40.0, 1.0, 2.0]
+    clock = iter([0.0, 0.0005, 1.0, 1.003])  # queued in 500 us, then in 3000 us
+    monkeypatch.setattr(sbs.time, "perf_counter", lambda: next(clock))
+    queueing = {}
+    times = sbs.call_times_ms(lambda s: None, ["a"], 2, spin_ahead_us=2000, queueing=queueing)
+    assert times == [1.0, 2.0]
+    calibration = ["record", sbs.SPIN_CALIBRATION_CYCLES, "record"] * 3
+    timed = [2000 * 2000, "record", "record"]
+    assert calls == calibration + timed + timed
+    assert queueing == {"enqueue_us": 3000.0, "spin_short": 1}
+    # Without a spin: no kernel queued, no spin_short.
+    calls.clear()
+    FakeEvent.durations = [1.0]
+    clock = iter([0.0, 0.00002])
+    queueing = {}
+    sbs.call_times_ms(lambda s: None, ["a"], 1, queueing=queueing)
+    assert calls == ["record", "record"] and queueing == {"enqueue_us": 20.0}
