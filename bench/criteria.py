@@ -16,7 +16,7 @@ Given several runs, their rounds are pooled (each round's ratio still takes
 both sides from that round of that run): a line near its mark is then read
 over more rounds than one call holds. Pool only runs of the same kernels,
 or say which differ. Runs timed differently (side_by_side.py's --sustained,
---settle, --idle-ms) read different levels; pooled together they are
+--settle, --idle-ms, --spin-ahead-us, --back-to-back) read different levels; pooled together they are
 flagged with each run's protocol, and a lone run not timed in plain
 bursts says how it was.
 
@@ -250,6 +250,8 @@ def protocol(run):
              f"settle {run.get('settle_s') or 0:g} s",
              f"idle {run.get('idle_ms') or 0} ms a call",
              f"spin {run.get('spin_ahead_us') or 0} us ahead"]
+    if run.get("back_to_back"):
+        parts.append("back to back")
     return ", ".join(parts)
 
 

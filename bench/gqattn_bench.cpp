@@ -12,7 +12,8 @@
 //   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
 //                [--no-backward] [--nondeterministic] [--release-workspace]
-//                [--idle-ms N] [--settle-ms N] [--spin-ahead-us N] [--call-times]
+//                [--idle-ms N] [--settle-ms N] [--spin-ahead-us N] [--back-to-back]
+//                [--call-times]
 //
 // --nondeterministic passes Options::deterministic = false (cuda-flash's
 // backward then adds dQ with atomics); each line says which in
@@ -37,6 +38,14 @@
 // "fwd_spin_short" / "bwd_spin_short" counts the timed calls whose queueing
 // outlasted the spin (they include host time). Each line says which in
 // "spin_ahead_us". bench/side_by_side.py --spin-ahead-us passes it.
+// --back-to-back queues all timed calls of a pass at once, after the spin,
+// with an event between each two and no synchronisation: the GPU runs them
+// without a gap, as in training, and each call's time is the GPU's while
+// the host keeps ahead. "*_enqueue_us" is then the median host time
+// between two calls queued, and "*_spin_short" counts the calls the host
+// may have queued only after the GPU was ready for them (it waited inside
+// their window). Not with --idle-ms. Each line says which in
+// "back_to_back"; bench/side_by_side.py --back-to-back passes it.
 // --settle-ms N lets the GPU idle N ms (the stream drained, then a host
 // sleep) once before each pass's warm-up, meant to start every pass from
 // the same state of the power limiter whatever ran before it (a burst's
@@ -197,6 +206,7 @@ struct Settings {
   int idle_ms = 0;                 // host sleep before each timed call
   int settle_ms = 0;               // host sleep before each pass's warm-up
   int spin_ahead_us = 0;           // GPU spin queued in front of each timed call
+  bool back_to_back = false;       // timed calls queued at once, no synchronisation between
   bool call_times = false;         // every timed call's ms in the line
 };
 
@@ -207,14 +217,15 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
   std::string line;
   append(line,
          "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
-         "\"idle_ms\": %d, \"settle_ms\": %d, \"spin_ahead_us\": %d, \"dtype\": \"%s\", "
+         "\"idle_ms\": %d, \"settle_ms\": %d, \"spin_ahead_us\": %d, \"back_to_back\": %s, "
+         "\"dtype\": \"%s\", "
          "\"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, \"Hkv\": %lld, \"d\": %lld, "
          "\"causal\": %d, \"window\": %lld, \"softcap\": %g, \"kept_pairs\": %.0f",
          gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
          s.release_workspace ? "true" : "false", s.idle_ms, s.settle_ms, s.spin_ahead_us,
-         gqattn::dtype_name(s.dtype), (long long)p.B, (long long)p.Tq, (long long)p.Tk,
-         (long long)p.H, (long long)p.Hkv, (long long)p.d, int(p.causal), (long long)p.window,
-         double(p.softcap), pairs);
+         s.back_to_back ? "true" : "false", gqattn::dtype_name(s.dtype), (long long)p.B,
+         (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv, (long long)p.d,
+         int(p.causal), (long long)p.window, double(p.softcap), pairs);
 
   const std::size_t elem = gqattn::dtype_size(s.dtype);
   const std::size_t q_elems = std::size_t(p.B * p.Tq * p.H * p.d);
@@ -274,6 +285,11 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
+  std::vector<cudaEvent_t> marks;  // --back-to-back: one before each timed call, one after all
+  if (s.back_to_back) {
+    marks.resize(std::size_t(s.repeats) + 1);
+    for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "event");
+  }
   const auto wall_s = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
         .count();
@@ -312,41 +328,73 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
     if (energy.available()) check(cudaStreamSynchronize(stream), "sync");  // warm-up's energy out
     energy_read = energy.read_mj(mj_start);
     wall_start = wall_s();
-    for (int i = 0; i < s.repeats; ++i) {
-      idle_gpu(s.idle_ms);  // the warm-up drained too, before the first
+    if (s.back_to_back) {
+      // All timed calls queued at once, an event between each two. The
+      // GPU can start call i once the spin and calls 0..i-1 are done; if
+      // the host had not queued call i by then, the GPU may have waited
+      // for it inside the call's window, and the call counts as short.
       check(gqattn_bench::spin_ahead(stream, s.spin_ahead_us), "spin ahead");
+      std::vector<double> queued_at_us;  // since the first mark, call i fully queued
       const auto queue_start = std::chrono::steady_clock::now();
-      check(cudaEventRecord(start, stream), "record");
-      call(all[std::size_t(i % sets)]);
-      check(cudaEventRecord(stop, stream), "record");
-      queue_us.push_back(float(
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - queue_start)
-              .count()));
-      check(cudaEventSynchronize(stop), "sync");
+      check(cudaEventRecord(marks[0], stream), "record");
+      for (int i = 0; i < s.repeats; ++i) {
+        call(all[std::size_t(i % sets)]);
+        check(cudaEventRecord(marks[std::size_t(i) + 1], stream), "record");
+        queued_at_us.push_back(std::chrono::duration<double, std::micro>(
+                                   std::chrono::steady_clock::now() - queue_start)
+                                   .count());
+      }
+      check(cudaEventSynchronize(marks[std::size_t(s.repeats)]), "sync");
+      spin_short = 0;
+      double gpu_ready_us = double(s.spin_ahead_us);
+      for (std::size_t i = 0; i < std::size_t(s.repeats); ++i) {
+        float t = 0.0f;
+        check(cudaEventElapsedTime(&t, marks[i], marks[i + 1]), "elapsed");
+        ms.push_back(t);
+        queue_us.push_back(float(queued_at_us[i] - (i == 0 ? 0.0 : queued_at_us[i - 1])));
+        if (queued_at_us[i] > gpu_ready_us) ++spin_short;
+        gpu_ready_us += double(t) * 1e3;
+      }
       if (s.release_workspace) gqattn::release_workspace_memory();
-      float t = 0.0f;
-      check(cudaEventElapsedTime(&t, start, stop), "elapsed");
-      ms.push_back(t);
+    } else {
+      for (int i = 0; i < s.repeats; ++i) {
+        idle_gpu(s.idle_ms);  // the warm-up drained too, before the first
+        check(gqattn_bench::spin_ahead(stream, s.spin_ahead_us), "spin ahead");
+        const auto queue_start = std::chrono::steady_clock::now();
+        check(cudaEventRecord(start, stream), "record");
+        call(all[std::size_t(i % sets)]);
+        check(cudaEventRecord(stop, stream), "record");
+        queue_us.push_back(float(std::chrono::duration<double, std::micro>(
+                                     std::chrono::steady_clock::now() - queue_start)
+                                     .count()));
+        check(cudaEventSynchronize(stop), "sync");
+        if (s.release_workspace) gqattn::release_workspace_memory();
+        float t = 0.0f;
+        check(cudaEventElapsedTime(&t, start, stop), "elapsed");
+        ms.push_back(t);
+      }
+      const auto outlasted_spin = [&](float us) { return us >= float(s.spin_ahead_us); };
+      spin_short = s.spin_ahead_us <= 0
+                       ? 0
+                       : int(std::count_if(queue_us.begin(), queue_us.end(), outlasted_spin));
     }
     wall_end = wall_s();
     energy_read = energy_read && energy.read_mj(mj_end) && mj_end >= mj_start;
     call_ms = ms;
     enqueue_us = median(queue_us);
-    const auto outlasted_spin = [&](float us) { return us >= float(s.spin_ahead_us); };
-    spin_short = s.spin_ahead_us <= 0
-                     ? 0
-                     : int(std::count_if(queue_us.begin(), queue_us.end(), outlasted_spin));
     return median(ms);
   };
 
-  // ', "<pass>_nvml_joules": J, "<pass>_nvml_pj_per_flop": pJ' for the last
-  // time_calls, where the counter answered.
   // ', "<pass>_enqueue_us": us[, "<pass>_spin_short": n]' for the last
   // time_calls.
   const auto append_queueing = [&](const char* pass) {
     append(line, ", \"%s_enqueue_us\": %.1f", pass, enqueue_us);
-    if (s.spin_ahead_us > 0) append(line, ", \"%s_spin_short\": %d", pass, spin_short);
+    if (s.spin_ahead_us > 0 || s.back_to_back)
+      append(line, ", \"%s_spin_short\": %d", pass, spin_short);
   };
+
+  // ', "<pass>_nvml_joules": J, "<pass>_nvml_pj_per_flop": pJ' for the last
+  // time_calls, where the counter answered.
 
   const auto append_energy = [&](const char* pass, double flops_per_call) {
     if (!energy_read) return;
@@ -390,6 +438,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
   check(cudaStreamSynchronize(stream), "sync");
   check(cudaEventDestroy(start), "event");
   check(cudaEventDestroy(stop), "event");
+  for (cudaEvent_t mark : marks) check(cudaEventDestroy(mark), "event");
   for (Set& set : all)
     for (DeviceTensor* t :
          {&set.q, &set.k, &set.v, &set.o, &set.lse, &set.dout, &set.dq, &set.dk, &set.dv})
@@ -440,6 +489,8 @@ int main(int argc, char** argv) {
       settings.settle_ms = std::max(0, std::atoi(value().c_str()));
     } else if (arg == "--spin-ahead-us") {
       settings.spin_ahead_us = std::max(0, std::atoi(value().c_str()));
+    } else if (arg == "--back-to-back") {
+      settings.back_to_back = true;
     } else if (arg == "--call-times") {
       settings.call_times = true;
     } else {
@@ -447,9 +498,15 @@ int main(int argc, char** argv) {
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
                    "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
                    "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N] "
-                   "[--settle-ms N] [--spin-ahead-us N] [--call-times]\n");
+                   "[--settle-ms N] [--spin-ahead-us N] [--back-to-back] [--call-times]\n");
       return 2;
     }
+  }
+  if (settings.back_to_back && settings.idle_ms > 0) {
+    std::fprintf(stderr,
+                 "gqattn_bench: --back-to-back queues the timed calls without a pause; "
+                 "it excludes --idle-ms\n");
+    return 2;
   }
   if (shapes.empty()) shapes = standard_shapes();
   cudaStream_t stream;

@@ -18,7 +18,7 @@ fast-but-wrong result is not reported.
 
 usage: python bench/side_by_side.py [--bench PATH] [--out DIR] [--repeats N]
                                     [--sustained SECONDS] [--settle SECONDS] [--idle-ms N]
-                                    [--spin-ahead-us N] [--rounds N]
+                                    [--spin-ahead-us N] [--back-to-back] [--rounds N]
                                     [--shapes all|core] [--match TEXT]
                                     [--ours-only | --torch-only] [--ours BACKEND[:nondet],...]
 
@@ -69,16 +69,26 @@ PyTorch's (torch.cuda._sleep) alike, so that the host has queued the call
 and its stop event before the start event fires: the events then time the
 GPU alone. Every timed call follows a synchronisation, so without the
 spin the start event fires at once and the host's time to launch the call
-counts. Back to back that is tens of microseconds; after an idle pause it
-was about 0.4 ms more per PyTorch call (2026-12-04, the forty-eighth run,
-paused without a spin: cuDNN's T4k forward 1.36-1.44 ms against about
-0.98 back to back; docs/performance.md). Every record gives the median
+counts: in bursts PyTorch takes 100-500 us to queue a forward call and
+300-1300 us a backward, gqattn 10-30 and 25-70 (the fiftieth run); after
+an idle pause PyTorch's grow to 0.5-1.3 and 0.9-1.6 ms (the forty-ninth).
+That is 10-15% of a T4k forward, and every in-run ratio up to the
+forty-eighth run holds it in our favour (docs/performance.md, 2026-12-04). Every record gives the median
 host time to queue a call ("fwd_enqueue_us", "bwd_enqueue_us") and, with
 a spin, how many calls were queued slower than the spin lasted
-("fwd_spin_short", "bwd_spin_short": those include host time; the tables
-flag them). On by default at 2000 us, which covers PyTorch's slowest
+("fwd_spin_short", "bwd_spin_short": those include host time; the run
+names them at its end). On by default at 2000 us, which covers PyTorch's slowest
 backward seen (0 for the earlier method, runs up to the forty-eighth); the
 JSON records it ("spin_ahead_us").
+
+--back-to-back queues each pass's timed calls at once after the spin, an
+event between each two and no synchronisation (gqattn_bench
+--back-to-back; as triton's do_bench, which measured the anchors, but
+without its cache flush): the GPU runs the calls without a gap, as in
+training, and a call's time is the GPU's as long as the host stays ahead.
+"*_spin_short" then counts the calls the host may have queued only after
+the GPU was ready for them. Not with --idle-ms; the JSON records it
+("back_to_back").
 
 The JSON also records which GPU it ran on and its state at the start
 ("gpu": nvidia-smi's name, uuid, serial, driver, VBIOS, power limit,
@@ -317,7 +327,7 @@ def parse_ours(entry):
 
 
 def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0, idle_ms=0,
-             spin_ahead_us=0):
+             spin_ahead_us=0, back_to_back=False):
     B, T, H, Hkv, d, causal, window, softcap = cfg
     shape = f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},{window},{softcap}"
     cmd = [bench, "--shape", shape, "--repeats", str(repeats), "--warmup", str(WARMUP),
@@ -330,6 +340,8 @@ def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0, idl
         cmd += ["--idle-ms", str(idle_ms)]
     if spin_ahead_us > 0:
         cmd += ["--spin-ahead-us", str(spin_ahead_us)]
+    if back_to_back:
+        cmd.append("--back-to-back")
     try:
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
@@ -339,7 +351,8 @@ def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0, idl
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
-def call_times_ms(fn, sets, repeats, idle_ms=0, spin_ahead_us=0, queueing=None):
+def call_times_ms(fn, sets, repeats, idle_ms=0, spin_ahead_us=0, queueing=None,
+                  back_to_back=False):
     """WARMUP untimed calls of fn, then `repeats` calls each alone between
     two CUDA events (fn(sets[i % len(sets)])): their times in ms, in call
     order. idle_ms (--idle-ms): before each timed call the GPU is drained
@@ -347,10 +360,17 @@ def call_times_ms(fn, sets, repeats, idle_ms=0, spin_ahead_us=0, queueing=None):
     spin that long is queued in front of each timed call. queueing, a dict
     if given, gets "enqueue_us" (the median host time from before the start
     event to after the stop event was queued) and, with a spin,
-    "spin_short" (the calls queued slower than the spin lasted)."""
+    "spin_short" (the calls queued slower than the spin lasted).
+    back_to_back (--back-to-back): all timed calls queued at once after the
+    spin, an event between each two, as gqattn_bench --back-to-back does;
+    "enqueue_us" is then the median host time between two calls queued and
+    "spin_short" counts the calls the host may have queued only after the
+    GPU was ready for them."""
     import torch
     for i in range(WARMUP):
         fn(sets[i % len(sets)])
+    if back_to_back:
+        return back_to_back_ms(fn, sets, repeats, spin_ahead_us, queueing)
     start = torch.cuda.Event(enable_timing=True)
     stop = torch.cuda.Event(enable_timing=True)
     times, queue_us = [], []
@@ -368,6 +388,31 @@ def call_times_ms(fn, sets, repeats, idle_ms=0, spin_ahead_us=0, queueing=None):
         queueing["enqueue_us"] = round(sorted(queue_us)[len(queue_us) // 2], 1)
         if spin_ahead_us > 0:
             queueing["spin_short"] = sum(us >= spin_ahead_us for us in queue_us)
+    return times
+
+
+def back_to_back_ms(fn, sets, repeats, spin_ahead_us, queueing):
+    """call_times_ms's back_to_back timing, after the warm-up. The GPU can
+    start call i once the spin and calls 0..i-1 are done; if the host had
+    not queued call i by then, the GPU may have waited for it inside the
+    call's window, and the call counts as short."""
+    import torch
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
+    spin_ahead(spin_ahead_us)
+    queue_start = time.perf_counter()
+    marks[0].record()
+    queued_at_us = []
+    for i in range(repeats):
+        fn(sets[i % len(sets)])
+        marks[i + 1].record()
+        queued_at_us.append((time.perf_counter() - queue_start) * 1e6)
+    marks[-1].synchronize()
+    times = [marks[i].elapsed_time(marks[i + 1]) for i in range(repeats)]
+    if queueing is not None:
+        gaps = [b - a for a, b in zip([0.0] + queued_at_us, queued_at_us)]
+        queueing["enqueue_us"] = round(sorted(gaps)[len(gaps) // 2], 1)
+        gpu_ready_us = [spin_ahead_us + 1e3 * sum(times[:i]) for i in range(repeats)]
+        queueing["spin_short"] = sum(q > r for q, r in zip(queued_at_us, gpu_ready_us))
     return times
 
 
@@ -417,8 +462,9 @@ def idle_gpu(seconds):
     time.sleep(seconds)
 
 
-def median_ms(fn, sets, repeats, idle_ms=0, spin_ahead_us=0, queueing=None):
-    times = sorted(call_times_ms(fn, sets, repeats, idle_ms, spin_ahead_us, queueing))
+def median_ms(fn, sets, repeats, idle_ms=0, spin_ahead_us=0, queueing=None, back_to_back=False):
+    times = sorted(call_times_ms(fn, sets, repeats, idle_ms, spin_ahead_us, queueing,
+                                 back_to_back))
     return times[len(times) // 2]
 
 
@@ -468,13 +514,14 @@ def flex(T, causal, window, softcap, dev="cuda"):
 
 
 def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0,
-               spin_ahead_us=0):
+               spin_ahead_us=0, back_to_back=False):
     """PyTorch's backends on every shape; repeats_of(cfg): the timed calls.
     progress (a dict), if given, gets the label of the shape being timed
     ("shape"), for the message of a run stopped early. settle_s: the idle
     time before each pass (--settle); idle_ms: before each timed call
     (--idle-ms); spin_ahead_us: the GPU spin in front of each timed call
-    (--spin-ahead-us)."""
+    (--spin-ahead-us); back_to_back: the timed calls queued at once
+    (--back-to-back)."""
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -522,7 +569,8 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0
         for name, f in candidates:
             rec = dict(backend=name, shape=shape_key(cfg), B=B, T=T, H=H, Hkv=Hkv, d=d,
                        causal=causal, window=window, softcap=softcap, settle_s=settle_s,
-                       idle_ms=idle_ms, spin_ahead_us=spin_ahead_us)
+                       idle_ms=idle_ms, spin_ahead_us=spin_ahead_us,
+                       back_to_back=back_to_back)
             try:
                 if f is None:
                     f = flex(T, causal, window, softcap)
@@ -542,7 +590,7 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0
                 wall = time.time()
                 queueing = {}
                 fwd_ms = median_ms(lambda s: f(s[0], s[1], s[2]), sets, repeats_of(cfg), idle_ms,
-                                   spin_ahead_us, queueing)
+                                   spin_ahead_us, queueing, back_to_back)
                 rec.update({"fwd_" + k: v for k, v in queueing.items()})
                 rec["fwd_wall_s"] = [wall, time.time()]
                 rec["fwd_ms"], rec["fwd_tflops"] = fwd_ms, fl / fwd_ms / 1e9
@@ -555,7 +603,8 @@ def torch_side(cfgs, repeats_of, results, progress=None, settle_s=0.0, idle_ms=0
                 idle_gpu(settle_s)
                 wall = time.time()
                 queueing = {}
-                bwd_ms = median_ms(bwd, sets, repeats_of(cfg), idle_ms, spin_ahead_us, queueing)
+                bwd_ms = median_ms(bwd, sets, repeats_of(cfg), idle_ms, spin_ahead_us, queueing,
+                                   back_to_back)
                 rec.update({"bwd_" + k: v for k, v in queueing.items()})
                 rec["bwd_wall_s"] = [wall, time.time()]
                 rec["bwd_ms"], rec["bwd_tflops"] = bwd_ms, BWD_FACTOR * fl / bwd_ms / 1e9
@@ -588,6 +637,9 @@ def main():
                     help="queue a GPU spin of N us in front of every timed call, so the "
                          "host's launch time stays out of the measured time (0: none; "
                          f"default {DEFAULT_SPIN_AHEAD_US})")
+    ap.add_argument("--back-to-back", action="store_true",
+                    help="queue each pass's timed calls at once (no synchronisation "
+                         "between them, as in training); not with --idle-ms")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure everything this many times; report medians and ranges")
     ap.add_argument("--shapes", choices=["all", "core"], default="all")
@@ -614,6 +666,8 @@ def main():
         ap.error("--idle-ms must not be negative")
     if args.spin_ahead_us < 0:
         ap.error("--spin-ahead-us must not be negative")
+    if args.back_to_back and args.idle_ms > 0:
+        ap.error("--back-to-back queues the timed calls without a pause; it excludes --idle-ms")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     if args.ours_only and args.torch_only:
@@ -638,6 +692,8 @@ def main():
     if args.spin_ahead_us > 0:
         print(f"every timed call queued behind a {args.spin_ahead_us} us GPU spin "
               f"(--spin-ahead-us)", flush=True)
+    if args.back_to_back:
+        print("every pass's timed calls queued at once (--back-to-back)", flush=True)
     progress = dict(round=0, shape=None)
     stopped = False
     previous_term = signal.signal(signal.SIGTERM, stop_early)
@@ -652,7 +708,7 @@ def main():
                     for backend, deterministic in ours_entries:
                         rec = run_ours(bench, cfg, repeats_for(cfg, args.repeats, args.sustained),
                                        backend, deterministic, args.settle, args.idle_ms,
-                                       args.spin_ahead_us)
+                                       args.spin_ahead_us, args.back_to_back)
                         rec["backend"] = ("gqattn:" + rec.get("backend", backend) +
                                           ("" if deterministic else ":" + NONDET))
                         rec["deterministic"] = deterministic
@@ -666,7 +722,8 @@ def main():
             if not args.ours_only:
                 first = len(results)
                 torch_side(cfgs, lambda c: repeats_for(c, args.repeats, args.sustained), results,
-                           progress, args.settle, args.idle_ms, args.spin_ahead_us)
+                           progress, args.settle, args.idle_ms, args.spin_ahead_us,
+                           args.back_to_back)
                 for rec in results[first:]:
                     rec["round"] = round_index
     except (StoppedEarly, KeyboardInterrupt):
@@ -690,7 +747,8 @@ def main():
         json.dump(dict(results=results, medians=medians, table=table,
                        power_field=sampler.power_field, sustained_s=args.sustained,
                        settle_s=args.settle, idle_ms=args.idle_ms,
-                       spin_ahead_us=args.spin_ahead_us, gpu=gpu,
+                       spin_ahead_us=args.spin_ahead_us, back_to_back=args.back_to_back,
+                       gpu=gpu,
                        partial=stopped,
                        stopped_at=(dict(round=progress["round"], shape=progress["shape"])
                                    if stopped else None)), fh,

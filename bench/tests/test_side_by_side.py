@@ -173,7 +173,8 @@ idle = sys.argv[sys.argv.index("--idle-ms") + 1] if "--idle-ms" in sys.argv else
 spin = (sys.argv[sys.argv.index("--spin-ahead-us") + 1] if "--spin-ahead-us" in sys.argv
         else None)
 print(json.dumps(dict(backend="fake", fwd_tflops=100.0 + int(shape[1]) / 1024,
-                      bwd_tflops=50.0, settle_arg=settle, idle_arg=idle, spin_arg=spin)))
+                      bwd_tflops=50.0, settle_arg=settle, idle_arg=idle, spin_arg=spin,
+                      back_to_back_arg="--back-to-back" in sys.argv)))
 """
 
 
@@ -396,3 +397,46 @@ def test_the_spin_is_queued_before_every_start_event_and_slow_queueing_is_counte
     queueing = {}
     sbs.call_times_ms(lambda s: None, ["a"], 1, queueing=queueing)
     assert calls == ["record", "record"] and queueing == {"enqueue_us": 20.0}
+
+
+def test_back_to_back_reaches_gqattn_bench_and_the_json_and_excludes_idle(tmp_path):
+    for flags, on in (((), False), (("--back-to-back",), True)):
+        run, result = run_ours_only_on_t1k(tmp_path, *flags)
+        assert ("queued at once (--back-to-back)" in run.stdout) == on
+        assert result["back_to_back"] == on
+        assert [r["back_to_back_arg"] for r in result["results"]] == [on]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    run = subprocess.run([sys.executable, script, "--ours-only", "--back-to-back", "--idle-ms",
+                          "150", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2 and "it excludes --idle-ms" in run.stderr
+
+
+def test_back_to_back_queues_every_call_before_waiting_and_counts_late_ones(monkeypatch):
+    import types
+    calls = []
+
+    class LoggingEvent(FakeEvent):
+        def record(self):
+            calls.append("record")
+
+        def synchronize(self):
+            calls.append("sync")
+
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(Event=LoggingEvent, _sleep=lambda n: calls.append("spin"))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(sbs, "_spin_cycles_per_us", 1000.0)
+    # Three calls of 1 ms each behind a 2000 us spin: the GPU is ready for
+    # them at 2000, 3000 and 4000 us. The host queues them by 500, 3500
+    # (late) and 3900 us.
+    FakeEvent.durations = [1.0, 1.0, 1.0]
+    clock = iter([0.0, 0.0005, 0.0035, 0.0039])
+    monkeypatch.setattr(sbs.time, "perf_counter", lambda: next(clock))
+    seen, queueing = [], {}
+    times = sbs.call_times_ms(lambda s: seen.append("call") or calls.append("call"), ["a"], 3,
+                              spin_ahead_us=2000, queueing=queueing, back_to_back=True)
+    assert times == [1.0, 1.0, 1.0]
+    # The warm-up, then the spin and every call with its mark before one wait.
+    assert calls == ["call"] * sbs.WARMUP + ["spin", "record"] + ["call", "record"] * 3 + ["sync"]
+    assert queueing == {"enqueue_us": 500.0, "spin_short": 1}  # gaps 500, 3000, 400
