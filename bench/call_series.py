@@ -7,9 +7,12 @@ power management reacts (docs/performance.md, 2026-12-02 twenty-eighth
 session: the d128 causal B1 T16k forward reads about 700 TFLOP/s for its
 first 10-20 calls and 620-635 afterwards), so that median lands on either side
 of the change from run to run. This script times N calls of each backend
-back to back (each call alone between two CUDA events, as both benches do)
-and prints TFLOP/s per window of calls: the early burst, the median of the
-calls side_by_side would time, and the steady state (the last half).
+back to back, queued at once behind a GPU spin with an event between each
+two (side_by_side.py's --back-to-back; since the forty-first session: each
+call alone after a synchronisation, as before, counted PyTorch's queueing
+of the call in its time), and prints TFLOP/s per window of calls: the
+early burst, the median of the calls side_by_side would time, and the
+steady state (the last half).
 
 usage: python bench/call_series.py --shape B,T,H,Hkv,d,causal[,window,softcap] [--calls N]
            [--backend cuda-hopper] [--bench PATH] [--out FILE.jsonl]
@@ -42,7 +45,8 @@ def ours(bench, backend, cfg, calls, do_backward):
     B, T, H, Hkv, d, causal, window, softcap = cfg
     shape = f"{B},{T},{T},{H},{Hkv},{d},{int(causal)},{window},{softcap:g}"
     cmd = [bench, "--backend", backend, "--shape", shape, "--repeats", str(calls),
-           "--warmup", str(sbs.WARMUP), "--call-times"]
+           "--warmup", str(sbs.WARMUP), "--call-times", "--back-to-back",
+           "--spin-ahead-us", str(sbs.DEFAULT_SPIN_AHEAD_US)]
     if not do_backward:
         cmd.append("--no-backward")
     line = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
@@ -81,7 +85,9 @@ def theirs(cfg, calls, do_backward):
         o.backward(do, retain_graph=True)
 
     def series(fn, flops):
-        return [flops / ms / 1e9 for ms in sbs.call_times_ms(fn, [None], calls)]
+        times = sbs.call_times_ms(fn, [None], calls, spin_ahead_us=sbs.DEFAULT_SPIN_AHEAD_US,
+                                  back_to_back=True)
+        return [flops / ms / 1e9 for ms in times]
     out = [summary(name, "fwd", series(lambda _: attend(q, k, v), fl))]
     if do_backward:
         out.append(summary(name, "bwd", series(bwd, sbs.BWD_FACTOR * fl)))

@@ -19,3 +19,19 @@ def test_shapes_are_short_power_of_two_groups():
         group = H // Hkv
         assert Tq < 128 and H % Hkv == 0 and group >= 2 and group & (group - 1) == 0
         assert sq.label((B, Tq, Tk, H, Hkv, d)) == f"B{B} Tq{Tq} Tk{Tk} H{H}/{Hkv} d{d}"
+
+
+def test_the_spin_reaches_gqattn_bench(monkeypatch):
+    import json
+    import types
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(cmd)
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps({"fwd_ms": 1.0}) + "\n")
+    monkeypatch.setattr(sq.subprocess, "run", fake_run)
+    shape = sq.SHAPES[0]
+    assert sq.run_ours("bench", shape, 10, "cuda-hopper", 2000) == {"fwd_ms": 1.0}
+    assert seen[-1][-2:] == ["--spin-ahead-us", "2000"]
+    sq.run_ours("bench", shape, 10, "cuda-hopper", 0)
+    assert "--spin-ahead-us" not in seen[-1]
