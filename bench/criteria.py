@@ -18,7 +18,10 @@ over more rounds than one call holds. Pool only runs of the same kernels,
 or say which differ. Runs timed differently (side_by_side.py's --sustained,
 --settle, --idle-ms, --spin-ahead-us, --back-to-back) read different levels; pooled together they are
 flagged with each run's protocol, and a lone run not timed in plain
-bursts says how it was.
+bursts says how it was. Runs timed without a spin ahead of each call
+(side_by_side.py before the forty-first session) are named: PyTorch's
+host queueing is inside their competitors' times, so their in-run ratios
+are upper bounds.
 
 With --spread it prints instead, per line, both sides' TFLOP/s over the
 rounds (median, range, range as a percentage of the median): when a
@@ -291,6 +294,14 @@ def main(argv=None):
               ", ".join(f"{path}: {p}" for path, p in zip(args.runs, protocols)))
     elif protocols[0] != protocol({}):
         print(f"protocol: {protocols[0]}")
+    unspun = [path for path, one in zip(args.runs, runs) if not one.get("spin_ahead_us")]
+    if unspun:
+        # Without the spin each timed call's events held the host's queueing
+        # of it, PyTorch's 0.1-1.3 ms against ours 0.01-0.07 (docs/
+        # performance.md, forty-first session).
+        print("note: timed without a spin ahead of each call (side_by_side.py before 974fb9d, "
+              "or --spin-ahead-us 0): the competitors' times hold PyTorch's host queueing, so "
+              "the in-run ratios are upper bounds: " + ", ".join(unspun))
     run = runs[0] if len(runs) == 1 else pool_runs(runs)
     if args.spread:
         print(f"{args.ours} in {', '.join(args.runs)}"

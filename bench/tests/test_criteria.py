@@ -181,7 +181,7 @@ def test_a_partial_run_is_named_as_such(anchors_dir, tmp_path, capsys):
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
     whole = tmp_path / "whole.json"
-    whole.write_text(json.dumps(dict(run, partial=False, stopped_at=None)))
+    whole.write_text(json.dumps(dict(run, partial=False, stopped_at=None, spin_ahead_us=2000)))
     criteria.main([str(path), "--anchors", anchors_dir])
     out = capsys.readouterr().out
     assert f"note: {path} is partial, stopped in round 1 at {criteria.T16K}" in out
@@ -227,3 +227,18 @@ def test_runs_of_different_protocols_are_flagged_when_pooled(anchors_dir, tmp_pa
     criteria.main([str(paused), "--anchors", anchors_dir])
     assert ("protocol: sustained 0 s, settle 0 s, idle 150 ms a call, spin 0 us ahead"
             in capsys.readouterr().out)
+
+
+def test_runs_timed_without_the_spin_are_named(anchors_dir, tmp_path, capsys):
+    run = {"results": [record(OURS, criteria.T4K, 0, 660.0, 1.0),
+                       record("sdpa-cudnn", criteria.T4K, 0, 600.0, 1.0)]}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(run))
+    spun = tmp_path / "spun.json"
+    spun.write_text(json.dumps(dict(run, spin_ahead_us=2000)))
+    criteria.main([str(old), str(spun), "--anchors", anchors_dir])
+    notes = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("note: timed without a spin")]
+    assert len(notes) == 1 and notes[0].endswith(f"upper bounds: {old}")
+    criteria.main([str(spun), "--anchors", anchors_dir])
+    assert "note: timed without a spin" not in capsys.readouterr().out
