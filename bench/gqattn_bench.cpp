@@ -395,7 +395,6 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
 
   // ', "<pass>_nvml_joules": J, "<pass>_nvml_pj_per_flop": pJ' for the last
   // time_calls, where the counter answered.
-
   const auto append_energy = [&](const char* pass, double flops_per_call) {
     if (!energy_read) return;
     const double joules = double(mj_end - mj_start) * 1e-3;

@@ -67,19 +67,19 @@ latency after the pause, which is PyTorch's more than ours (next).
 timed call, ours (gqattn_bench --spin-ahead-us, bench/spin_ahead.hpp) and
 PyTorch's (torch.cuda._sleep) alike, so that the host has queued the call
 and its stop event before the start event fires: the events then time the
-GPU alone. Every timed call follows a synchronisation, so without the
-spin the start event fires at once and the host's time to launch the call
+GPU alone. Every timed call follows a synchronisation, so without the spin
+the start event fires at once and the host's time to launch the call
 counts: in bursts PyTorch takes 100-500 us to queue a forward call and
 300-1300 us a backward, gqattn 10-30 and 25-70 (the fiftieth run); after
 an idle pause PyTorch's grow to 0.5-1.3 and 0.9-1.6 ms (the forty-ninth).
 That is 10-15% of a T4k forward, and every in-run ratio up to the
-forty-eighth run holds it in our favour (docs/performance.md, 2026-12-04). Every record gives the median
-host time to queue a call ("fwd_enqueue_us", "bwd_enqueue_us") and, with
-a spin, how many calls were queued slower than the spin lasted
-("fwd_spin_short", "bwd_spin_short": those include host time; the run
-names them at its end). On by default at 2000 us, which covers PyTorch's slowest
-backward seen (0 for the earlier method, runs up to the forty-eighth); the
-JSON records it ("spin_ahead_us").
+forty-eighth run holds it in our favour (docs/performance.md, 2026-12-04).
+Every record gives the median host time to queue a call ("fwd_enqueue_us",
+"bwd_enqueue_us") and, with a spin, how many calls were queued slower than
+the spin lasted ("fwd_spin_short", "bwd_spin_short": those include host
+time; the run names them at its end). On by default at 2000 us, which
+covers PyTorch's slowest backward seen (0 for the earlier method, runs up
+to the forty-eighth); the JSON records it ("spin_ahead_us").
 
 --back-to-back queues each pass's timed calls at once after the spin, an
 event between each two and no synchronisation (gqattn_bench

@@ -2,11 +2,11 @@
 // CUDA events time the GPU alone. Without it the start event is recorded on
 // an idle stream (every timed call follows a synchronisation) and fires at
 // once, and the host's time to launch the call (argument checks, workspace,
-// the launches) is inside the measured window. That time is small back to
-// back but not after an idle pause: in the first paused side-by-side
-// (2026-12-04, forty-eighth run, docs/performance.md) PyTorch's calls took
-// about 0.4 ms longer each than back to back. The spin keeps the GPU busy
-// while the host queues start event, call and stop event behind it.
+// the launches) is inside the measured window: 0.1-0.5 ms for a PyTorch
+// forward call and 0.3-1.3 ms for a backward in bursts, more after an idle
+// pause, against gqattn's 0.01-0.07 (2026-12-04, forty-eighth to fiftieth
+// runs, docs/performance.md). The spin keeps the GPU busy while the host
+// queues start event, call and stop event behind it.
 // Checked by bench/side_by_side.py's runs: gqattn_bench reports, per pass,
 // how many timed calls the host took longer to queue than the spin lasted
 // ("fwd_spin_short" / "bwd_spin_short"; those calls include host time).
