@@ -53,7 +53,7 @@ constexpr int kNeedMinor = 0;
 hopper::ForwardTileDims forward_tile(const Problem& p) {
   const flash::MaskArgs m = flash::mask_args(p);
   const hopper::TileShape shape =
-      hopper::forward_shape(int(p.d), m.causal, m.window, m.tk, flash::score_args(p).softcap);
+      hopper::forward_shape(int(p.d), m.causal, m.window, m.tq, m.tk, flash::score_args(p).softcap);
   return hopper::forward_tile_dims(int(p.d), shape);
 }
 

@@ -120,7 +120,8 @@ void launch_forward_elem(const ForwardParams& p, ElemType elem, cudaStream_t s) 
 template <int kD, ScoreMode kScores>
 void launch_forward_scores(const ForwardParams& p, ElemType elem, cudaStream_t s) {
   constexpr bool kSoftcap = flash::has_softcap(kScores);
-  const TileShape shape = forward_shape(kD, p.mask.causal, p.mask.window, p.mask.tk, kSoftcap);
+  const TileShape shape =
+      forward_shape(kD, p.mask.causal, p.mask.window, p.mask.tq, p.mask.tk, kSoftcap);
   if constexpr (has_tile(kD, TileShape::kTall, kSoftcap)) {
     if (shape == TileShape::kTall) {
       launch_forward_elem<ForwardTile<kD, TileShape::kTall>, kScores>(p, elem, s);

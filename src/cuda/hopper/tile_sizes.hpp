@@ -150,6 +150,15 @@ constexpr bool kWideSoftcapD128 = false;
 // are neither chosen nor compiled.
 constexpr bool kTallD64 = true;
 constexpr int kTallD64MinKeys = 1024;
+// The tall tile also needs this many queries (0: any). Its 192 rows serve
+// short query ranges badly: a packed decoding tile (Tq 1, G 4) holds 4
+// useful rows, so two of its three consumer warpgroups compute padding, and
+// the tall tile has no ping-pong. Host time out, d64 decoding (B8 Tq1 Tk8k
+// H32/8) takes 75 us on it, as long as d128 on its own tile, against
+// cuDNN's 39 (docs/performance.md, forty-first session). 192 would put every problem
+// whose queries do not fill one tall tile (all packed ones) on the 128-row
+// tile; not measured yet (docs/hopper.md TODO 1).
+constexpr int kTallD64MinQueries = 0;
 constexpr bool kMulticastKV = true;
 // kTmaStoreOutput: the epilogue (epilogue.cuh) writes each warpgroup's 64
 // rows of O, rounded, into a staging area of shared memory in the swizzled
@@ -391,12 +400,13 @@ constexpr bool has_tile(int d, TileShape shape, bool softcap) {
     default: return true;
   }
 }
-// The tile a problem runs on. causal, window (0: none) and tk are
+// The tile a problem runs on. causal, window (0: none), tq and tk are
 // MaskArgs', softcap ScoreArgs', so the host (TMA box rows, shared memory,
 // query tiles) and the launcher (kernel instance) decide alike.
-constexpr TileShape forward_shape(int d, bool causal, int window, int tk, bool softcap) {
+constexpr TileShape forward_shape(int d, bool causal, int window, int tq, int tk, bool softcap) {
   if (window != 0) return TileShape::kDefault;
-  if (has_tile(d, TileShape::kTall, softcap) && tk >= kTallD64MinKeys) return TileShape::kTall;
+  if (has_tile(d, TileShape::kTall, softcap) && tk >= kTallD64MinKeys && tq >= kTallD64MinQueries)
+    return TileShape::kTall;
   if (has_tile(d, TileShape::kWide, softcap) && !causal) return TileShape::kWide;
   return TileShape::kDefault;
 }
