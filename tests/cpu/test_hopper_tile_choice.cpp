@@ -1,10 +1,10 @@
 // cuda-hopper's forward tile choice (src/cuda/hopper/tile_sizes.hpp
 // forward_shape), without a GPU: which problems run on the wide d128 key
 // tile or on the tall d64 tile, as docs/hopper.md describes it (d128 wide:
-// neither causal nor window, no softcap; d64 tall: no softcap, no window, Tk
-// >= kTallD64MinKeys, Tq >= kTallD64MinQueries; d256 always the default), and that every tile fits
-// sm_90's shared memory and a TMA box, and has the thread layout its rows
-// need. The host (TMA box rows, the shared-memory check, the grid) and the
+// neither causal nor window, no softcap; d64 tall: no softcap, no window,
+// Tk >= kTallD64MinKeys, Tq >= kTallD64MinQueries; d256 always the
+// default), and that every tile fits sm_90's shared memory and a TMA box,
+// and has the thread layout its rows need. The host (TMA box rows, the shared-memory check, the grid) and the
 // launcher (kernel instance) both call forward_shape, so pinning it pins
 // both.
 #include <gtest/gtest.h>

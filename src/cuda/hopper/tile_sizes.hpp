@@ -155,9 +155,9 @@ constexpr int kTallD64MinKeys = 1024;
 // useful rows, so two of its three consumer warpgroups compute padding, and
 // the tall tile has no ping-pong. Host time out, d64 decoding (B8 Tq1 Tk8k
 // H32/8) takes 75 us on it, as long as d128 on its own tile, against
-// cuDNN's 39 (docs/performance.md, forty-first session). 192 would put every problem
-// whose queries do not fill one tall tile (all packed ones) on the 128-row
-// tile; not measured yet (docs/hopper.md TODO 1).
+// cuDNN's 39 (docs/performance.md, forty-first session). 192 would put
+// every problem whose queries do not fill one tall tile (all packed ones)
+// on the 128-row tile; not measured yet (docs/hopper.md TODO 1).
 constexpr int kTallD64MinQueries = 0;
 constexpr bool kMulticastKV = true;
 // kTmaStoreOutput: the epilogue (epilogue.cuh) writes each warpgroup's 64
