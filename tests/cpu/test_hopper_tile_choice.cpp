@@ -4,9 +4,9 @@
 // neither causal nor window, no softcap; d64 tall: no softcap, no window,
 // Tk >= kTallD64MinKeys, Tq >= kTallD64MinQueries; d256 always the
 // default), and that every tile fits sm_90's shared memory and a TMA box,
-// and has the thread layout its rows need. The host (TMA box rows, the shared-memory check, the grid) and the
-// launcher (kernel instance) both call forward_shape, so pinning it pins
-// both.
+// and has the thread layout its rows need. The host (TMA box rows, the
+// shared-memory check, the grid) and the launcher (kernel instance) both
+// call forward_shape, so pinning it pins both.
 #include <gtest/gtest.h>
 
 #include "cuda/hopper/tile_sizes.hpp"
