@@ -20,6 +20,12 @@ def record(backend, shape, rnd, fwd, bwd):
             "bwd_tflops": bwd}
 
 
+def t4k_run():
+    """A run of one round on the T4k shape: ours 1.10x cuDNN forward."""
+    return {"results": [record(OURS, criteria.T4K, 0, 660.0, 1.0),
+                        record("sdpa-cudnn", criteria.T4K, 0, 600.0, 1.0)]}
+
+
 def anchor(backend, B, T, H, Hkv, hd, causal, window, softcap, fwd, bwd):
     return {"backend": backend, "B": B, "T": T, "H": H, "Hkv": Hkv, "hd": hd, "causal": causal,
             "window": window, "softcap": softcap, "fwd_tflops": fwd, "bwd_tflops": bwd}
@@ -175,9 +181,7 @@ def test_spread_shows_which_side_moved(tmp_path, capsys):
 def test_a_partial_run_is_named_as_such(anchors_dir, tmp_path, capsys):
     # side_by_side.py stopped early (partial, stopped_at): the table still
     # reads what it holds, under a note naming the run and where it stopped.
-    run = {"results": [record(OURS, criteria.T4K, 0, 660.0, 1.0),
-                       record("sdpa-cudnn", criteria.T4K, 0, 600.0, 1.0)],
-           "partial": True, "stopped_at": {"round": 0, "shape": criteria.T16K}}
+    run = dict(t4k_run(), partial=True, stopped_at={"round": 0, "shape": criteria.T16K})
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
     whole = tmp_path / "whole.json"
@@ -191,8 +195,7 @@ def test_a_partial_run_is_named_as_such(anchors_dir, tmp_path, capsys):
 
 
 def test_the_gpu_of_each_run_is_named_where_recorded(anchors_dir, tmp_path, capsys):
-    run = {"results": [record(OURS, criteria.T4K, 0, 660.0, 1.0),
-                       record("sdpa-cudnn", criteria.T4K, 0, 600.0, 1.0)]}
+    run = t4k_run()
     old = tmp_path / "old.json"
     old.write_text(json.dumps(run))
     new = tmp_path / "new.json"
@@ -204,8 +207,7 @@ def test_the_gpu_of_each_run_is_named_where_recorded(anchors_dir, tmp_path, caps
 
 
 def test_runs_of_different_protocols_are_flagged_when_pooled(anchors_dir, tmp_path, capsys):
-    run = {"results": [record(OURS, criteria.T4K, 0, 660.0, 1.0),
-                       record("sdpa-cudnn", criteria.T4K, 0, 600.0, 1.0)]}
+    run = t4k_run()
     burst = tmp_path / "burst.json"
     burst.write_text(json.dumps(dict(run, settle_s=0.0, idle_ms=0)))
     old = tmp_path / "old.json"  # before the fields existed: a burst too
@@ -230,8 +232,7 @@ def test_runs_of_different_protocols_are_flagged_when_pooled(anchors_dir, tmp_pa
 
 
 def test_runs_timed_without_the_spin_are_named(anchors_dir, tmp_path, capsys):
-    run = {"results": [record(OURS, criteria.T4K, 0, 660.0, 1.0),
-                       record("sdpa-cudnn", criteria.T4K, 0, 600.0, 1.0)]}
+    run = t4k_run()
     old = tmp_path / "old.json"
     old.write_text(json.dumps(run))
     spun = tmp_path / "spun.json"

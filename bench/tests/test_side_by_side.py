@@ -242,6 +242,16 @@ def run_ours_only_on_t1k(tmp_path, *flags):
         return run, json.load(fh)
 
 
+def usage_error(tmp_path, *flags):
+    """side_by_side.py --ours-only with `flags` that argparse must refuse:
+    its stderr, after asserting exit status 2."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
+    run = subprocess.run([sys.executable, script, "--ours-only", *flags, "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    return run.stderr
+
+
 def test_settle_reaches_gqattn_bench_in_milliseconds_and_the_json(tmp_path):
     for settle, arg in (("0.25", "250"), ("0", None)):
         run, result = run_ours_only_on_t1k(tmp_path, "--settle", settle)
@@ -251,10 +261,7 @@ def test_settle_reaches_gqattn_bench_in_milliseconds_and_the_json(tmp_path):
 
 
 def test_a_negative_settle_is_a_usage_error(tmp_path):
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
-    run = subprocess.run([sys.executable, script, "--ours-only", "--settle", "-1",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "--settle must not be negative" in run.stderr
+    assert "--settle must not be negative" in usage_error(tmp_path, "--settle", "-1")
 
 
 def test_settle_drains_the_gpu_then_sleeps_and_zero_does_nothing(monkeypatch):
@@ -303,10 +310,7 @@ def test_idle_reaches_gqattn_bench_and_the_json(tmp_path):
 
 
 def test_a_negative_idle_is_a_usage_error(tmp_path):
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
-    run = subprocess.run([sys.executable, script, "--ours-only", "--idle-ms", "-5",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "--idle-ms must not be negative" in run.stderr
+    assert "--idle-ms must not be negative" in usage_error(tmp_path, "--idle-ms", "-5")
 
 
 def test_idle_drains_and_sleeps_before_every_timed_call_only(monkeypatch):
@@ -360,10 +364,8 @@ def test_passes_queued_slower_than_their_spin_are_named(capsys):
 
 
 def test_a_negative_spin_is_a_usage_error(tmp_path):
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
-    run = subprocess.run([sys.executable, script, "--ours-only", "--spin-ahead-us", "-1",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "--spin-ahead-us must not be negative" in run.stderr
+    assert "--spin-ahead-us must not be negative" in usage_error(tmp_path, "--spin-ahead-us",
+                                                                 "-1")
 
 
 def test_the_spin_is_queued_before_every_start_event_and_slow_queueing_is_counted(monkeypatch):
@@ -405,11 +407,7 @@ def test_back_to_back_reaches_gqattn_bench_and_the_json_and_excludes_idle(tmp_pa
         assert ("queued at once (--back-to-back)" in run.stdout) == on
         assert result["back_to_back"] == on
         assert [r["back_to_back_arg"] for r in result["results"]] == [on]
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "side_by_side.py")
-    run = subprocess.run([sys.executable, script, "--ours-only", "--back-to-back", "--idle-ms",
-                          "150", "--out", str(tmp_path)], capture_output=True, text=True,
-                         timeout=60)
-    assert run.returncode == 2 and "it excludes --idle-ms" in run.stderr
+    assert "it excludes --idle-ms" in usage_error(tmp_path, "--back-to-back", "--idle-ms", "150")
 
 
 def test_back_to_back_queues_every_call_before_waiting_and_counts_late_ones(monkeypatch):
