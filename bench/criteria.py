@@ -16,8 +16,8 @@ Given several runs, their rounds are pooled (each round's ratio still takes
 both sides from that round of that run): a line near its mark is then read
 over more rounds than one call holds. Pool only runs of the same kernels,
 or say which differ. Runs timed differently (side_by_side.py's --sustained,
---settle, --idle-ms, --spin-ahead-us, --back-to-back) read different levels; pooled together they are
-flagged with each run's protocol, and a lone run not timed in plain
+--settle, --idle-ms, --spin-ahead-us, --back-to-back) read different
+levels; pooled together they are flagged with each run's protocol, and a lone run not timed in plain
 bursts says how it was. Runs timed without a spin ahead of each call
 (side_by_side.py before the forty-first session) are named: PyTorch's
 host queueing is inside their competitors' times, so their in-run ratios
