@@ -14,14 +14,14 @@ The H200 moves a backend's TFLOP/s by up to 13% between runs
 may be missed on another; this prints all three rather than choosing.
 Given several runs, their rounds are pooled (each round's ratio still takes
 both sides from that round of that run): a line near its mark is then read
-over more rounds than one call holds. Pool only runs of the same kernels,
-or say which differ. Runs timed differently (side_by_side.py's --sustained,
---settle, --idle-ms, --spin-ahead-us, --back-to-back) read different
-levels; pooled together they are flagged with each run's protocol, and a lone run not timed in plain
-bursts says how it was. Runs timed without a spin ahead of each call
-(side_by_side.py before the forty-first session) are named: PyTorch's
-host queueing is inside their competitors' times, so their in-run ratios
-are upper bounds.
+over more rounds than one call holds. Pool only runs of the same kernels, or
+say which differ. Runs timed differently (side_by_side.py's --sustained,
+--settle, --idle-ms, --spin-ahead-us, --back-to-back) read different levels;
+pooled together they are flagged with each run's protocol, and a lone run not
+timed in plain bursts says how it was. Runs timed without a spin ahead of each
+call (side_by_side.py before the forty-first session) are named: PyTorch's
+host queueing is inside their competitors' times, so their in-run ratios are
+upper bounds.
 
 With --spread it prints instead, per line, both sides' TFLOP/s over the
 rounds (median, range, range as a percentage of the median): when a
