@@ -1,4 +1,4 @@
-// flash::exp2_fma (src/cuda/flash/exp2_fma.hpp), the exponential on the FMA
+// fused::exp2_fma (src/cuda/flash/exp2_fma.hpp), the exponential on the FMA
 // pipe that the hopper forward uses for a share of P, against std::exp2 in
 // double: its relative error over every exponent the softmax passes (a
 // dense sweep and every integer and half-integer, where the rounding of j
@@ -9,11 +9,11 @@
 #include <cmath>
 #include <limits>
 
-#include "cuda/flash/exp2_fma.hpp"
+#include "cuda/fused/exp2_fma.hpp"
 
 namespace {
 
-using gqattn::flash::exp2_fma;
+using gqattn::fused::exp2_fma;
 
 constexpr double kMaxRelativeError = 7.5e-5;
 
@@ -67,7 +67,7 @@ TEST(Exp2Fma, IntegersGiveTheirPowerTimesTheConstantTerm) {
   // f = 0 leaves the polynomial's constant term, c0 = 1 - 7.2e-5.
   for (int j = -126; j <= 100; ++j) {
     const float y = exp2_fma(float(j));
-    EXPECT_EQ(y, gqattn::flash::kExp2FmaC0 * std::ldexp(1.0f, j)) << "j = " << j;
+    EXPECT_EQ(y, gqattn::fused::kExp2FmaC0 * std::ldexp(1.0f, j)) << "j = " << j;
   }
 }
 

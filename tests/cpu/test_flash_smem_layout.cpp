@@ -18,8 +18,8 @@ using gqattn::flash::b_fragment_address;
 using gqattn::flash::b_trans_fragment_address;
 using gqattn::flash::c_fragment_offset;
 using gqattn::flash::c_fragment_offset_at;
-using gqattn::flash::kElemsPerChunk;
 using gqattn::flash::SmemTile;
+using gqattn::fused::kElemsPerChunk;
 
 constexpr int kLanes = 32;
 // A tile at some shared address: every address is that base plus the offset.

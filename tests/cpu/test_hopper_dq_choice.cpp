@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "cuda/hopper/backward_dq_choice.hpp"
+#include "cuda/hopper/backward/dq_choice.hpp"
 #include "gqattn/error.hpp"
 #include "gqattn/types.hpp"
 #include "scoped_env.hpp"

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/hopper/backward_dq_convert_tasks.hpp"
+#include "cuda/hopper/backward/dq_convert_tasks.hpp"
 
 namespace {
 

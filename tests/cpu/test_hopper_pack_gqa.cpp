@@ -5,7 +5,7 @@
 // The packed kernels themselves: tests/gpu/test_hopper_forward.cpp.
 #include <gtest/gtest.h>
 
-#include "cuda/hopper/pack_gqa.hpp"
+#include "cuda/hopper/forward/pack_gqa.hpp"
 
 namespace {
 

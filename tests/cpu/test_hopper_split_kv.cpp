@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "cuda/hopper/split_kv.hpp"
+#include "cuda/hopper/forward/split_kv.hpp"
 #include "gqattn/error.hpp"
 #include "scoped_env.hpp"
 

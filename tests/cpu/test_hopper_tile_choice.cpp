@@ -9,7 +9,7 @@
 // call forward_shape, so pinning it pins both.
 #include <gtest/gtest.h>
 
-#include "cuda/hopper/tile_sizes.hpp"
+#include "cuda/hopper/forward/tile_sizes.hpp"
 
 namespace {
 

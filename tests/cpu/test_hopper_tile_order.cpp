@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/hopper/backward_tile_sizes.hpp"
+#include "cuda/hopper/backward/tile_sizes.hpp"
 #include "cuda/hopper/tile_order.hpp"
 
 namespace {

@@ -7,15 +7,15 @@
 // tests/gpu/test_flash_correctness.cpp and test_hopper_forward.cpp.
 #include <gtest/gtest.h>
 
-#include "cuda/flash/problem_args.hpp"
-#include "cuda/flash/score_mode.hpp"
+#include "cuda/fused/problem_args.hpp"
+#include "cuda/fused/score_mode.hpp"
 #include "gqattn/types.hpp"
 
 namespace {
 
-using gqattn::flash::ElemType;
-using gqattn::flash::kMaxUnshiftedExponent;
-using gqattn::flash::ScoreMode;
+using gqattn::fused::ElemType;
+using gqattn::fused::kMaxUnshiftedExponent;
+using gqattn::fused::ScoreMode;
 
 ScoreMode mode_for(float softcap, ElemType elem) {
   gqattn::Problem p;
@@ -25,11 +25,11 @@ ScoreMode mode_for(float softcap, ElemType elem) {
   p.Hkv = 2;
   p.d = 128;
   p.softcap = softcap;
-  return gqattn::flash::score_mode(gqattn::flash::score_args(p), elem);
+  return gqattn::fused::score_mode(gqattn::fused::score_args(p), elem);
 }
 
 // The largest cap the no-offset mode takes: kMaxUnshiftedExponent / log2 e.
-const float kLargestCap = kMaxUnshiftedExponent / gqattn::flash::kLog2e;
+const float kLargestCap = kMaxUnshiftedExponent / gqattn::fused::kLog2e;
 
 TEST(ScoreMode, NoSoftcapIsPlain) {
   EXPECT_EQ(mode_for(0.0f, ElemType::bf16), ScoreMode::plain);
@@ -40,7 +40,7 @@ TEST(ScoreMode, NoSoftcapIsPlain) {
 // running maximum too.
 TEST(ScoreMode, Bf16SoftcapWithinTheBoundFollowsTheSwitch) {
   EXPECT_NEAR(kLargestCap, 52.68f, 0.01f);
-  const ScoreMode expected = gqattn::flash::kSoftcapWithoutRowMax
+  const ScoreMode expected = gqattn::fused::kSoftcapWithoutRowMax
                                  ? ScoreMode::softcap_without_row_max
                                  : ScoreMode::softcap;
   for (float cap : {1e-30f, 1.0f, 20.0f, 30.0f, 50.0f, 52.6f})

@@ -9,16 +9,16 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cuda/flash/problem_args.hpp"
-#include "cuda/flash/softcap_poly.hpp"
+#include "cuda/fused/problem_args.hpp"
+#include "cuda/fused/softcap_poly.hpp"
 
 namespace {
 
-using gqattn::flash::kSoftcapPolyCoef;
-using gqattn::flash::kSoftcapPolyMaxY;
-using gqattn::flash::kSoftcapPolyTerms;
-using gqattn::flash::softcap_poly_factor;
-using gqattn::flash::softcap_poly_tanh;
+using gqattn::fused::kSoftcapPolyCoef;
+using gqattn::fused::kSoftcapPolyMaxY;
+using gqattn::fused::kSoftcapPolyTerms;
+using gqattn::fused::softcap_poly_factor;
+using gqattn::fused::softcap_poly_tanh;
 
 constexpr double kMaxAbsoluteError = 1.5e-7;
 
@@ -59,10 +59,10 @@ TEST(SoftcapPoly, BackwardROverItsRange) {
   for (int i = -kSteps; i <= kSteps; ++i) {
     const float y = kSoftcapPolyMaxY * float(i) / float(kSteps);
     const double want = 1.0 / (std::exp(2.0 * double(y)) + 1.0);
-    worst = std::max(worst, std::abs(double(gqattn::flash::softcap_poly_r(y)) - want));
+    worst = std::max(worst, std::abs(double(gqattn::fused::softcap_poly_r(y)) - want));
   }
   EXPECT_LT(worst, 1e-7);
-  EXPECT_EQ(gqattn::flash::softcap_poly_r(0.0f), 0.5f);
+  EXPECT_EQ(gqattn::fused::softcap_poly_r(0.0f), 0.5f);
 }
 
 // Past the range the fit degrades: the kernels must route those scores to
@@ -79,7 +79,7 @@ TEST(SoftcapPoly, ScoreArgsCarryBoundAndScaledCoefficients) {
   p.H = p.Hkv = 1;
   p.d = 128;
   p.softcap = 30.0f;
-  const gqattn::flash::ScoreArgs s = gqattn::flash::score_args(p);
+  const gqattn::fused::ScoreArgs s = gqattn::fused::score_args(p);
   ASSERT_TRUE(s.softcap);
   EXPECT_NEAR(s.poly_bound * s.pre, kSoftcapPolyMaxY, 1e-6f);
   for (int i = 0; i < kSoftcapPolyTerms; ++i)
@@ -90,7 +90,7 @@ TEST(SoftcapPoly, ScoreArgsCarryBoundAndScaledCoefficients) {
 
   gqattn::Problem plain = p;
   plain.softcap = 0.0f;
-  const gqattn::flash::ScoreArgs none = gqattn::flash::score_args(plain);
+  const gqattn::fused::ScoreArgs none = gqattn::fused::score_args(plain);
   EXPECT_FALSE(none.softcap);
   EXPECT_EQ(none.poly_bound, 0.0f);
 }

@@ -77,11 +77,11 @@
 #include <cstdint>
 
 #include "cuda/flash/dq_accum_layout.hpp"
-#include "cuda/flash/mask.cuh"
-#include "cuda/flash/mma.cuh"
 #include "cuda/flash/params.hpp"
 #include "cuda/flash/tile_io.cuh"
 #include "cuda/flash/tile_sizes.hpp"
+#include "cuda/fused/fragment.cuh"
+#include "cuda/fused/mask.cuh"
 
 namespace gqattn::flash {
 
@@ -134,11 +134,11 @@ __device__ __forceinline__ void mma_kstep_nt(float (&c)[kMT][kNT][4], const uint
 #pragma unroll
   for (int np = 0; np < kNT / 2; ++np) {
     uint32_t bf[4];
-    load_b<BTile>(bf, b_tile, b_row0 + np * 2 * kMmaN, kk, lane);
+    load_b<BTile>(bf, b_tile, b_row0 + np * 2 * fused::kMmaN, kk, lane);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      mma_16816<Elem>(c[mt][2 * np], a[mt], bf[0], bf[1]);
-      mma_16816<Elem>(c[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+      fused::mma_16816<Elem>(c[mt][2 * np], a[mt], bf[0], bf[1]);
+      fused::mma_16816<Elem>(c[mt][2 * np + 1], a[mt], bf[2], bf[3]);
     }
   }
 }
@@ -152,7 +152,8 @@ __device__ __forceinline__ void gemm_ss_nt(float (&c)[kMT][kNT][4], uint32_t a_t
   for (int kk = 0; kk < kSteps; ++kk) {
     uint32_t a[kMT][4];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) load_a<ATile>(a[mt], a_tile, a_row0 + mt * kMmaM, kk, lane);
+    for (int mt = 0; mt < kMT; ++mt)
+      load_a<ATile>(a[mt], a_tile, a_row0 + mt * fused::kMmaM, kk, lane);
     mma_kstep_nt<Elem, BTile>(c, a, b_tile, b_row0, kk, lane);
   }
 }
@@ -172,21 +173,21 @@ __device__ __forceinline__ void gemm_rs_nt(float (&c)[kMT][kNT][4],
 template <int kD, typename Elem, bool kSoftcap, bool kFusedDq = false,
           DkdvTileSize kSize = DkdvTileSize::kDefault>
 __global__ void __launch_bounds__(
-    DkdvTile<kD, kSize>::kWarpsN* DkdvTile<kD, kSize>::kWarpsD* kWarpSize)
-    backward_dkdv_kernel(const BackwardParams p) {
+    DkdvTile<kD, kSize>::kWarpsN* DkdvTile<kD, kSize>::kWarpsD* fused::kWarpSize)
+    backward_dkdv_kernel(const fused::BackwardParams p) {
   using Tile = DkdvTile<kD, kSize>;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kWarpsD = Tile::kWarpsD;
   constexpr int kMT = Tile::kKeyTilesPerWarp;  // m16 tiles of keys per warp
-  constexpr int kKeysPerWarp = kMT * kMmaM;
-  constexpr int kThreads = Tile::kWarpsN * kWarpsD * kWarpSize;
+  constexpr int kKeysPerWarp = kMT * fused::kMmaM;
+  constexpr int kThreads = Tile::kWarpsN * kWarpsD * fused::kWarpSize;
   constexpr int kQueriesPerWarp = kBM / kWarpsD;
   constexpr int kColsPerWarp = kD / kWarpsD;
-  constexpr int kNT = kQueriesPerWarp / kMmaN;  // n8 tiles of S^T per warp
-  constexpr int kDT = kColsPerWarp / kMmaN;     // n8 tiles of dK, dV per warp
-  constexpr int kStepsD = kD / kMmaK;
-  constexpr int kStepsM = kBM / kMmaK;
+  constexpr int kNT = kQueriesPerWarp / fused::kMmaN;  // n8 tiles of S^T per warp
+  constexpr int kDT = kColsPerWarp / fused::kMmaN;     // n8 tiles of dK, dV per warp
+  constexpr int kStepsD = kD / fused::kMmaK;
+  constexpr int kStepsM = kBM / fused::kMmaK;
   static_assert(kBN == Tile::kWarpsN * kKeysPerWarp, "the warps' key rows tile kBlockN");
   static_assert(kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
   using KVTile = SmemTile<kBN, kD>;
@@ -197,14 +198,14 @@ __global__ void __launch_bounds__(
   // kDqPasses passes of kDqDT n8 tiles.
   constexpr int kWarps = Tile::kWarpsN * kWarpsD;
   constexpr int kDqMT = Tile::kDqRowTilesPerWarp;
-  constexpr int kDqRows = kDqMT * kMmaM;
+  constexpr int kDqRows = kDqMT * fused::kMmaM;
   constexpr int kDqWarpsM = kBM / kDqRows;
   constexpr int kDqWarpsD = kWarps / kDqWarpsM;
   constexpr int kDqCols = kD / kDqWarpsD;
   constexpr int kDqColsPerPass = kDqCols < kDqPassCols ? kDqCols : kDqPassCols;
   constexpr int kDqPasses = kDqCols / kDqColsPerPass;
-  constexpr int kDqDT = kDqColsPerPass / kMmaN;
-  constexpr int kStepsN = kBN / kMmaK;
+  constexpr int kDqDT = kDqColsPerPass / fused::kMmaN;
+  constexpr int kStepsN = kBN / fused::kMmaK;
   constexpr int kStages = Tile::kQueryStages;
   static_assert(kStages == 2 || (kStages == 1 && kWarpsD > 1),
                 "single-buffered Q / dO needs kWarpsD > 1: only that path issues the next "
@@ -236,15 +237,15 @@ __global__ void __launch_bounds__(
   // rows_f: stage s: lse2 at rows_f[2 s kBM], D at rows_f[(2 s + 1) kBM]
 
   const int tid_ = threadIdx.x;
-  const int warp = tid_ / kWarpSize;
-  int tid = tid_, lane = tid_ % kWarpSize;  // refreshed by opaque() every step
+  const int warp = tid_ / fused::kWarpSize;
+  int tid = tid_, lane = tid_ % fused::kWarpSize;  // refreshed by opaque() every step
   const int key_w = (warp % Tile::kWarpsN) * kKeysPerWarp;
   const int query_w = (warp / Tile::kWarpsN) * kQueriesPerWarp;
   const int col_w = (warp / Tile::kWarpsN) * kColsPerWarp;
 
   // Ordered dQ: counters set (else atomic dQ, or no dQ here at all).
   const bool ordered = kFusedDq && p.dq_counters != nullptr;
-  const MaskPolicy mask(p.mask);
+  const fused::MaskPolicy mask(p.mask);
 
   // Block -> (key tile, kv head, batch), key tiles ascending (see above).
   const int num_bhk = p.B * p.Hkv;
@@ -255,14 +256,14 @@ __global__ void __launch_bounds__(
 
   const int n0 = n_block * kBN;
   const int cols = min(kBN, mask.tk - n0);
-  const BlockRange range = mask.query_blocks(n0, cols, kBM);
+  const fused::BlockRange range = mask.query_blocks(n0, cols, kBM);
   const int num_m = range.last - range.first + 1;
   const int steps = num_m > 0 ? group * num_m : 0;
   // Fused dQ: the query tiles where this CTA adds (red.add) rather than
   // stores. Ordered: those key tile n-1 visits (none for key tile 0), where
   // it must also wait for n-1 (which publishes counter = n); atomic: all.
-  BlockRange adds{0, INT_MAX};
-  if (ordered) adds = n_block > 0 ? mask.query_blocks(n0 - kBN, kBN, kBM) : BlockRange{};
+  fused::BlockRange adds{0, INT_MAX};
+  if (ordered) adds = n_block > 0 ? mask.query_blocks(n0 - kBN, kBN, kBM) : fused::BlockRange{};
   const int num_m_tiles = p.tq_padded / kBM;  // counters per (b, h)
   int* signal = nullptr;                      // counter of the last step's query tile
   const int dq_row = (warp % kDqWarpsM) * kDqRows;
@@ -295,8 +296,8 @@ __global__ void __launch_bounds__(
     load_tile_async<kBM, kD, kThreads>(
         s_q + QTile::kBytes, do_base + h * p.do_stride.head + int64_t(m0) * p.do_stride.row,
         p.do_stride.row, rows, tid);
-    constexpr int kRowChunks = kBM * int(sizeof(float)) / kChunkBytes;
-    constexpr int kFloatsPerChunk = kChunkBytes / int(sizeof(float));
+    constexpr int kRowChunks = kBM * int(sizeof(float)) / fused::kChunkBytes;
+    constexpr int kFloatsPerChunk = fused::kChunkBytes / int(sizeof(float));
     static_assert(2 * kRowChunks <= kThreads, "one chunk of lse2/D per thread");
     if (tid < 2 * kRowChunks) {
       const bool is_d = tid >= kRowChunks;
@@ -333,7 +334,7 @@ __global__ void __launch_bounds__(
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int kk = 0; kk < kStepsD; ++kk)
-        load_a<KVTile>(v_frag[kk][mt], s_v, key_w + mt * kMmaM, kk, lane);
+        load_a<KVTile>(v_frag[kk][mt], s_v, key_w + mt * fused::kMmaM, kk, lane);
     __syncthreads();  // every warp holds its V fragments
   }
 
@@ -350,7 +351,8 @@ __global__ void __launch_bounds__(
         ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + s.m_block : nullptr;
     const bool first = s.m_block < adds.first || s.m_block > adds.last;  // stores
     const int64_t warp_row0 = (int64_t(b) * p.H + h) * p.tq_padded + s.m_block * kBM + dq_row;
-    float* const acc_row = p.dq_accum + (warp_row0 + frag_row(lane)) * kD + dq_col + frag_col(lane);
+    float* const acc_row =
+        p.dq_accum + (warp_row0 + fused::frag_row(lane)) * kD + dq_col + fused::frag_col(lane);
     // Fragment-major accumulator (dq_accum_layout.hpp): this lane's first
     // value in the 16 x 8 block at (warp_row0, dq_col).
     constexpr DqBlockOrder kOrder = dq_block_order();
@@ -364,15 +366,16 @@ __global__ void __launch_bounds__(
         uint32_t a[kDqMT][4];
 #pragma unroll
         for (int mt = 0; mt < kDqMT; ++mt)
-          load_a_trans<PTile>(a[mt], s_ds, dq_row + mt * kMmaM, kk, lane);
+          load_a_trans<PTile>(a[mt], s_ds, dq_row + mt * fused::kMmaM, kk, lane);
 #pragma unroll
         for (int dn = 0; dn < kDqDT / 2; ++dn) {
           uint32_t bf[4];
-          load_b_trans<KVTile>(bf, s_k, dq_col + pass * kDqColsPerPass + dn * 2 * kMmaN, kk, lane);
+          load_b_trans<KVTile>(bf, s_k, dq_col + pass * kDqColsPerPass + dn * 2 * fused::kMmaN, kk,
+                               lane);
 #pragma unroll
           for (int mt = 0; mt < kDqMT; ++mt) {
-            mma_16816<Elem>(acc_dq[mt][2 * dn], a[mt], bf[0], bf[1]);
-            mma_16816<Elem>(acc_dq[mt][2 * dn + 1], a[mt], bf[2], bf[3]);
+            fused::mma_16816<Elem>(acc_dq[mt][2 * dn], a[mt], bf[0], bf[1]);
+            fused::mma_16816<Elem>(acc_dq[mt][2 * dn + 1], a[mt], bf[2], bf[3]);
           }
         }
       }
@@ -384,12 +387,13 @@ __global__ void __launch_bounds__(
       // The C fragment (mt, dt): rows g and g + 8 of m16 tile mt, columns
       // 2t, 2t + 1 of n8 tile dt of this pass.
       auto element = [&](int mt, int dt, int half) {
-        return acc_row + (mt * kMmaM + half * kFragRowHalf) * kD + pass * kDqColsPerPass +
-               dt * kMmaN;
+        return acc_row + (mt * fused::kMmaM + half * fused::kFragRowHalf) * kD +
+               pass * kDqColsPerPass + dt * fused::kMmaN;
       };
       // The block of fragment (mt, dt) of this pass, fragment-major.
       auto fragment = [&](int mt, int dt) {
-        return acc_frag + dq_accum_block_offset(mt * kMmaM, pass * kDqColsPerPass + dt * kMmaN, kD);
+        return acc_frag + dq_accum_block_offset(mt * fused::kMmaM,
+                                                pass * kDqColsPerPass + dt * fused::kMmaN, kD);
       };
       if constexpr (kDqAccumFragmentMajor && kOrder == DqBlockOrder::kLaneMajor) {
 #pragma unroll
@@ -449,8 +453,8 @@ __global__ void __launch_bounds__(
     const float* lse2 = rows_f + 2 * stage * kBM;
     const float* dsum = lse2 + kBM;
 
-    tid = opaque(tid_);
-    lane = opaque(tid_ % kWarpSize);
+    tid = fused::opaque(tid_);
+    lane = fused::opaque(tid_ % fused::kWarpSize);
     cp_async_wait<0>();
     __syncthreads();
     if constexpr (kStages == 2) {
@@ -472,17 +476,17 @@ __global__ void __launch_bounds__(
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int col = query_w + nt * kMmaN + frag_col(lane) + (e & 1);
+        const int col = query_w + nt * fused::kMmaN + fused::frag_col(lane) + (e & 1);
         const float lse2_col = lse2[col], dsum_col = dsum[col];
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           float v = s[mt][nt][e];
           float dpd = dp[mt][nt][e] - dsum_col;
           if constexpr (kSoftcap) {
-            v = softcap_tanh(v * p.score.pre);
+            v = fused::softcap_tanh(v * p.score.pre);
             dpd *= 1.0f - v * v;
           }
-          s[mt][nt][e] = fast_exp2(fmaf(v, p.score.mult, -lse2_col));
+          s[mt][nt][e] = fused::fast_exp2(fmaf(v, p.score.mult, -lse2_col));
           dp[mt][nt][e] = dpd;
         }
       }
@@ -494,35 +498,36 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int kk = 0; kk < kStepsM; ++kk) {
         uint32_t a_p[4], a_ds[4];
-        acc_to_a<Elem>(a_p, s[0][2 * kk], s[0][2 * kk + 1]);
+        fused::acc_to_a<Elem>(a_p, s[0][2 * kk], s[0][2 * kk + 1]);
         const float(&s0)[4] = s[0][2 * kk];
         const float(&s1)[4] = s[0][2 * kk + 1];
         const float(&d0)[4] = dp[0][2 * kk];
         const float(&d1)[4] = dp[0][2 * kk + 1];
-        a_ds[0] = pack2<Elem>(s0[0] * d0[0], s0[1] * d0[1]);
-        a_ds[1] = pack2<Elem>(s0[2] * d0[2], s0[3] * d0[3]);
-        a_ds[2] = pack2<Elem>(s1[0] * d1[0], s1[1] * d1[1]);
-        a_ds[3] = pack2<Elem>(s1[2] * d1[2], s1[3] * d1[3]);
+        a_ds[0] = fused::pack2<Elem>(s0[0] * d0[0], s0[1] * d0[1]);
+        a_ds[1] = fused::pack2<Elem>(s0[2] * d0[2], s0[3] * d0[3]);
+        a_ds[2] = fused::pack2<Elem>(s1[0] * d1[0], s1[1] * d1[1]);
+        a_ds[3] = fused::pack2<Elem>(s1[2] * d1[2], s1[3] * d1[3]);
         if constexpr (kFusedDq) {  // dS^T (keys x queries) for the dQ partial
           unsigned char* const ds = smem + (s_ds - s_k);
-          const int key = key_w + frag_row(lane);
-          const int query = query_w + kk * kMmaK + frag_col(lane);
+          const int key = key_w + fused::frag_row(lane);
+          const int query = query_w + kk * fused::kMmaK + fused::frag_col(lane);
           *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key, query)) = a_ds[0];
-          *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key + kFragRowHalf, query)) =
+          *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key + fused::kFragRowHalf, query)) =
               a_ds[1];
-          *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key, query + kMmaN)) = a_ds[2];
-          *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key + kFragRowHalf, query + kMmaN)) =
-              a_ds[3];
+          *reinterpret_cast<uint32_t*>(ds + PTile::elem_offset(key, query + fused::kMmaN)) =
+              a_ds[2];
+          *reinterpret_cast<uint32_t*>(
+              ds + PTile::elem_offset(key + fused::kFragRowHalf, query + fused::kMmaN)) = a_ds[3];
         }
 #pragma unroll
         for (int dn = 0; dn < kDT / 2; ++dn) {
           uint32_t bf[4];
-          load_b_trans<QTile>(bf, s_do, col_w + dn * 2 * kMmaN, kk, lane);
-          mma_16816<Elem>(acc_dv[0][2 * dn], a_p, bf[0], bf[1]);
-          mma_16816<Elem>(acc_dv[0][2 * dn + 1], a_p, bf[2], bf[3]);
-          load_b_trans<QTile>(bf, s_q, col_w + dn * 2 * kMmaN, kk, lane);
-          mma_16816<Elem>(acc_dk[0][2 * dn], a_ds, bf[0], bf[1]);
-          mma_16816<Elem>(acc_dk[0][2 * dn + 1], a_ds, bf[2], bf[3]);
+          load_b_trans<QTile>(bf, s_do, col_w + dn * 2 * fused::kMmaN, kk, lane);
+          fused::mma_16816<Elem>(acc_dv[0][2 * dn], a_p, bf[0], bf[1]);
+          fused::mma_16816<Elem>(acc_dv[0][2 * dn + 1], a_p, bf[2], bf[3]);
+          load_b_trans<QTile>(bf, s_q, col_w + dn * 2 * fused::kMmaN, kk, lane);
+          fused::mma_16816<Elem>(acc_dk[0][2 * dn], a_ds, bf[0], bf[1]);
+          fused::mma_16816<Elem>(acc_dk[0][2 * dn + 1], a_ds, bf[2], bf[3]);
         }
       }
       if constexpr (kFusedDq) {
@@ -544,7 +549,7 @@ __global__ void __launch_bounds__(
           float ds[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) ds[e] = s[mt][nt][e] * dp[mt][nt][e];
-          const uint32_t frag = c_fragment_offset_at<PTile>(frag0, mt * kMmaM, nt);
+          const uint32_t frag = c_fragment_offset_at<PTile>(frag0, mt * fused::kMmaM, nt);
           store_acc_frag_at<PTile, Elem>(smem + (s_p - s_k), frag, s[mt][nt]);
           store_acc_frag_at<PTile, Elem>(smem + (s_ds - s_k), frag, ds);
         }
@@ -556,23 +561,23 @@ __global__ void __launch_bounds__(
         uint32_t a_p[kMT][4], a_ds[kMT][4];
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          load_a<PTile>(a_p[mt], s_p, key_w + mt * kMmaM, kk, lane);
-          load_a<PTile>(a_ds[mt], s_ds, key_w + mt * kMmaM, kk, lane);
+          load_a<PTile>(a_p[mt], s_p, key_w + mt * fused::kMmaM, kk, lane);
+          load_a<PTile>(a_ds[mt], s_ds, key_w + mt * fused::kMmaM, kk, lane);
         }
 #pragma unroll
         for (int dn = 0; dn < kDT / 2; ++dn) {
           uint32_t bf[4];
-          load_b_trans<QTile>(bf, s_do, col_w + dn * 2 * kMmaN, kk, lane);
+          load_b_trans<QTile>(bf, s_do, col_w + dn * 2 * fused::kMmaN, kk, lane);
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            mma_16816<Elem>(acc_dv[mt][2 * dn], a_p[mt], bf[0], bf[1]);
-            mma_16816<Elem>(acc_dv[mt][2 * dn + 1], a_p[mt], bf[2], bf[3]);
+            fused::mma_16816<Elem>(acc_dv[mt][2 * dn], a_p[mt], bf[0], bf[1]);
+            fused::mma_16816<Elem>(acc_dv[mt][2 * dn + 1], a_p[mt], bf[2], bf[3]);
           }
-          load_b_trans<QTile>(bf, s_q, col_w + dn * 2 * kMmaN, kk, lane);
+          load_b_trans<QTile>(bf, s_q, col_w + dn * 2 * fused::kMmaN, kk, lane);
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            mma_16816<Elem>(acc_dk[mt][2 * dn], a_ds[mt], bf[0], bf[1]);
-            mma_16816<Elem>(acc_dk[mt][2 * dn + 1], a_ds[mt], bf[2], bf[3]);
+            fused::mma_16816<Elem>(acc_dk[mt][2 * dn], a_ds[mt], bf[0], bf[1]);
+            fused::mma_16816<Elem>(acc_dk[mt][2 * dn + 1], a_ds[mt], bf[2], bf[3]);
           }
         }
       }
@@ -589,7 +594,7 @@ __global__ void __launch_bounds__(
 
   // Epilogue: dK (times the scale) and dV through the K and V tiles' space.
   tid = tid_;
-  lane = tid_ % kWarpSize;
+  lane = tid_ % fused::kWarpSize;
   cp_async_wait<0>();
   __syncthreads();  // the last step's dQ adds issued
   if constexpr (kFusedDq)
@@ -598,7 +603,7 @@ __global__ void __launch_bounds__(
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt) {
-      const int key = key_w + mt * kMmaM, col = col_w + dt * kMmaN;
+      const int key = key_w + mt * fused::kMmaM, col = col_w + dt * fused::kMmaN;
       store_acc_frag<KVTile, Elem>(smem_k, acc_dk[mt][dt], key, col, p.score.scale, lane);
       store_acc_frag<KVTile, Elem>(smem_v, acc_dv[mt][dt], key, col, 1.0f, lane);
     }

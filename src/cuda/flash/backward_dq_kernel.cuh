@@ -21,28 +21,28 @@
 
 #include <cstdint>
 
-#include "cuda/flash/mask.cuh"
-#include "cuda/flash/mma.cuh"
 #include "cuda/flash/params.hpp"
 #include "cuda/flash/tile_io.cuh"
 #include "cuda/flash/tile_sizes.hpp"
+#include "cuda/fused/fragment.cuh"
+#include "cuda/fused/mask.cuh"
 
 namespace gqattn::flash {
 
 template <int kD, typename Elem, bool kSoftcap>
-__global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
-    backward_dq_kernel(const BackwardParams p) {
+__global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
+    backward_dq_kernel(const fused::BackwardParams p) {
   using Tile = DqTile<kD>;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kBN = Tile::kBlockN;
-  constexpr int kThreads = Tile::kWarps * kWarpSize;
+  constexpr int kThreads = Tile::kWarps * fused::kWarpSize;
   constexpr int kRowsPerWarp = kBM / Tile::kWarps;
-  constexpr int kMT = kRowsPerWarp / kMmaM;  // m16 tiles of queries per warp
-  constexpr int kNT = kBN / kMmaN;           // n8 tiles of S, dP
-  constexpr int kDT = kD / kMmaN;            // n8 tiles of dQ
-  constexpr int kStepsD = kD / kMmaK;
-  constexpr int kStepsN = kBN / kMmaK;
-  static_assert(kRowsPerWarp % kMmaM == 0, "each warp owns whole m16 tiles of queries");
+  constexpr int kMT = kRowsPerWarp / fused::kMmaM;  // m16 tiles of queries per warp
+  constexpr int kNT = kBN / fused::kMmaN;           // n8 tiles of S, dP
+  constexpr int kDT = kD / fused::kMmaN;            // n8 tiles of dQ
+  constexpr int kStepsD = kD / fused::kMmaK;
+  constexpr int kStepsN = kBN / fused::kMmaK;
+  static_assert(kRowsPerWarp % fused::kMmaM == 0, "each warp owns whole m16 tiles of queries");
   static_assert(kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
   using QTile = SmemTile<kBM, kD>;
   using KVTile = SmemTile<kBN, kD>;
@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
   constexpr uint32_t kStageBytes = 2 * KVTile::kBytes;
 
   const int tid_ = threadIdx.x;
-  const int row_w = (tid_ / kWarpSize) * kRowsPerWarp;
-  int tid = tid_, lane = tid_ % kWarpSize;  // refreshed by opaque() every step
+  const int row_w = (tid_ / fused::kWarpSize) * kRowsPerWarp;
+  int tid = tid_, lane = tid_ % fused::kWarpSize;  // refreshed by opaque() every step
 
   // Block -> (query tile, head, batch), longest (last, under causal) first.
   const int num_bh = p.B * p.H;
@@ -66,10 +66,10 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
   const int h = bh % p.H;
   const int hk = h / (p.H / p.Hkv);
 
-  const MaskPolicy mask(p.mask);
+  const fused::MaskPolicy mask(p.mask);
   const int m0 = m_block * kBM;
   const int rows = min(kBM, mask.tq - m0);
-  const BlockRange range = mask.key_blocks(m0, rows, kBN);
+  const fused::BlockRange range = mask.key_blocks(m0, rows, kBN);
   const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head;
   const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch + hk * p.v_stride.head;
 
@@ -95,11 +95,11 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
 
   // lse2 and D of this thread's rows: g and g + 8 of each of the warp's m16
   // tiles (index 2 mt + half; the workspace rows are padded to whole tiles).
-  const int64_t ws_row = (int64_t(b) * p.H + h) * p.tq_padded + m0 + row_w + frag_row(lane);
+  const int64_t ws_row = (int64_t(b) * p.H + h) * p.tq_padded + m0 + row_w + fused::frag_row(lane);
   float lse2[2 * kMT], dsum[2 * kMT];
 #pragma unroll
   for (int r = 0; r < 2 * kMT; ++r) {
-    const int64_t row = ws_row + (r / 2) * kMmaM + (r % 2) * kFragRowHalf;
+    const int64_t row = ws_row + (r / 2) * fused::kMmaM + (r % 2) * fused::kFragRowHalf;
     lse2[r] = p.lse2[row];
     dsum[r] = p.dsum[row];
   }
@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
     const uint32_t s_k = s_kv0 + (t % kKeyStages) * kStageBytes;
     const uint32_t s_v = s_k + KVTile::kBytes;
 
-    tid = opaque(tid_);
-    lane = opaque(tid_ % kWarpSize);
+    tid = fused::opaque(tid_);
+    lane = fused::opaque(tid_ % fused::kWarpSize);
     cp_async_wait<0>();
     __syncthreads();
     if (n_block > range.first) load_kv(n_block - 1, (t + 1) % kKeyStages);
@@ -125,23 +125,23 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
       uint32_t a_do[kMT][4], a_q[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        load_a<QTile>(a_do[mt], s_do, row_w + mt * kMmaM, kk, lane);
-        load_a<QTile>(a_q[mt], s_q, row_w + mt * kMmaM, kk, lane);
+        load_a<QTile>(a_do[mt], s_do, row_w + mt * fused::kMmaM, kk, lane);
+        load_a<QTile>(a_q[mt], s_q, row_w + mt * fused::kMmaM, kk, lane);
       }
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bf[4];
-        load_b<KVTile>(bf, s_v, np * 2 * kMmaN, kk, lane);
+        load_b<KVTile>(bf, s_v, np * 2 * fused::kMmaN, kk, lane);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<Elem>(dp[mt][2 * np], a_do[mt], bf[0], bf[1]);
-          mma_16816<Elem>(dp[mt][2 * np + 1], a_do[mt], bf[2], bf[3]);
+          fused::mma_16816<Elem>(dp[mt][2 * np], a_do[mt], bf[0], bf[1]);
+          fused::mma_16816<Elem>(dp[mt][2 * np + 1], a_do[mt], bf[2], bf[3]);
         }
-        load_b<KVTile>(bf, s_k, np * 2 * kMmaN, kk, lane);
+        load_b<KVTile>(bf, s_k, np * 2 * fused::kMmaN, kk, lane);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<Elem>(s[mt][2 * np], a_q[mt], bf[0], bf[1]);
-          mma_16816<Elem>(s[mt][2 * np + 1], a_q[mt], bf[2], bf[3]);
+          fused::mma_16816<Elem>(s[mt][2 * np], a_q[mt], bf[0], bf[1]);
+          fused::mma_16816<Elem>(s[mt][2 * np + 1], a_q[mt], bf[2], bf[3]);
         }
       }
     }
@@ -158,10 +158,10 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
           float val = s[mt][nt][e];
           float dpd = dp[mt][nt][e] - dsum[r];
           if constexpr (kSoftcap) {
-            val = softcap_tanh(val * p.score.pre);
+            val = fused::softcap_tanh(val * p.score.pre);
             dpd *= 1.0f - val * val;
           }
-          s[mt][nt][e] = fast_exp2(fmaf(val, p.score.mult, -lse2[r]));
+          s[mt][nt][e] = fused::fast_exp2(fmaf(val, p.score.mult, -lse2[r]));
           dp[mt][nt][e] = dpd;
         }
     if (!mask.fully_kept(m0, kBM, n0, kBN))
@@ -177,19 +177,19 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
         const float(&s1)[4] = s[mt][2 * kk + 1];
         const float(&d0)[4] = dp[mt][2 * kk];
         const float(&d1)[4] = dp[mt][2 * kk + 1];
-        a_ds[mt][0] = pack2<Elem>(s0[0] * d0[0], s0[1] * d0[1]);
-        a_ds[mt][1] = pack2<Elem>(s0[2] * d0[2], s0[3] * d0[3]);
-        a_ds[mt][2] = pack2<Elem>(s1[0] * d1[0], s1[1] * d1[1]);
-        a_ds[mt][3] = pack2<Elem>(s1[2] * d1[2], s1[3] * d1[3]);
+        a_ds[mt][0] = fused::pack2<Elem>(s0[0] * d0[0], s0[1] * d0[1]);
+        a_ds[mt][1] = fused::pack2<Elem>(s0[2] * d0[2], s0[3] * d0[3]);
+        a_ds[mt][2] = fused::pack2<Elem>(s1[0] * d1[0], s1[1] * d1[1]);
+        a_ds[mt][3] = fused::pack2<Elem>(s1[2] * d1[2], s1[3] * d1[3]);
       }
 #pragma unroll
       for (int dn = 0; dn < kDT / 2; ++dn) {
         uint32_t bf[4];
-        load_b_trans<KVTile>(bf, s_k, dn * 2 * kMmaN, kk, lane);
+        load_b_trans<KVTile>(bf, s_k, dn * 2 * fused::kMmaN, kk, lane);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<Elem>(acc_dq[mt][2 * dn], a_ds[mt], bf[0], bf[1]);
-          mma_16816<Elem>(acc_dq[mt][2 * dn + 1], a_ds[mt], bf[2], bf[3]);
+          fused::mma_16816<Elem>(acc_dq[mt][2 * dn], a_ds[mt], bf[0], bf[1]);
+          fused::mma_16816<Elem>(acc_dq[mt][2 * dn + 1], a_ds[mt], bf[2], bf[3]);
         }
       }
     }
@@ -197,15 +197,15 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* kWarpSize)
 
   // Epilogue: dQ times the scale, through the Q tile's space.
   tid = tid_;
-  lane = tid_ % kWarpSize;
+  lane = tid_ % fused::kWarpSize;
   cp_async_wait<0>();
   __syncthreads();
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt)
-      store_acc_frag<QTile, Elem>(smem, acc_dq[mt][dt], row_w + mt * kMmaM, dt * kMmaN,
-                                  p.score.scale, lane);
+      store_acc_frag<QTile, Elem>(smem, acc_dq[mt][dt], row_w + mt * fused::kMmaM,
+                                  dt * fused::kMmaN, p.score.scale, lane);
   __syncthreads();
   Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch + int64_t(m0) * p.dq_stride.row +
              h * p.dq_stride.head;

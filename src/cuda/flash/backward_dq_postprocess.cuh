@@ -13,10 +13,10 @@
 #include <cstdint>
 
 #include "cuda/flash/dq_accum_layout.hpp"
-#include "cuda/flash/mma.cuh"
 #include "cuda/flash/params.hpp"
 #include "cuda/flash/tile_io.cuh"
 #include "cuda/flash/tile_sizes.hpp"
+#include "cuda/fused/fragment.cuh"
 
 namespace gqattn::flash {
 
@@ -24,9 +24,9 @@ namespace gqattn::flash {
 // query tile of it).
 template <int kD, typename Elem, int kRowsPerCounter>
 __global__ void __launch_bounds__(kDqPostThreads)
-    backward_dq_postprocess_kernel(const BackwardParams p) {
-  static_assert(kDqPostElemsPerThread == kElemsPerChunk, "one 16-byte chunk per thread");
-  constexpr int kChunks = kD / kElemsPerChunk;  // per row
+    backward_dq_postprocess_kernel(const fused::BackwardParams p) {
+  static_assert(kDqPostElemsPerThread == fused::kElemsPerChunk, "one 16-byte chunk per thread");
+  constexpr int kChunks = kD / fused::kElemsPerChunk;  // per row
   constexpr int kBM = kRowsPerCounter;
   const int64_t gid = int64_t(blockIdx.x) * kDqPostThreads + threadIdx.x;
   const int64_t row = gid / kChunks;  // over [B*H, tq_padded]
@@ -39,22 +39,22 @@ __global__ void __launch_bounds__(kDqPostThreads)
   const bool visited =
       p.dq_counters == nullptr || p.dq_counters[int64_t(bh) * (p.tq_padded / kBM) + i / kBM] != 0;
 
-  float x[kElemsPerChunk] = {};
+  float x[fused::kElemsPerChunk] = {};
   if (visited) {
     const float s = p.score.scale;
     constexpr DqBlockOrder kOrder = dq_block_order();
     if constexpr (kDqAccumFragmentMajor && kOrder == DqBlockOrder::kLaneMajor) {
       // Columns 2k, 2k + 1 of the chunk are adjacent (one lane's pair).
 #pragma unroll
-      for (int k = 0; k < kElemsPerChunk / 2; ++k) {
+      for (int k = 0; k < fused::kElemsPerChunk / 2; ++k) {
         const float2 u = *reinterpret_cast<const float2*>(
-            p.dq_accum + dq_accum_offset<kOrder>(row, chunk * kElemsPerChunk + 2 * k, kD));
+            p.dq_accum + dq_accum_offset<kOrder>(row, chunk * fused::kElemsPerChunk + 2 * k, kD));
         x[2 * k] = u.x * s, x[2 * k + 1] = u.y * s;
       }
     } else if constexpr (kDqAccumFragmentMajor) {
 #pragma unroll
-      for (int k = 0; k < kElemsPerChunk; ++k)
-        x[k] = p.dq_accum[dq_accum_offset<kOrder>(row, chunk * kElemsPerChunk + k, kD)] * s;
+      for (int k = 0; k < fused::kElemsPerChunk; ++k)
+        x[k] = p.dq_accum[dq_accum_offset<kOrder>(row, chunk * fused::kElemsPerChunk + k, kD)] * s;
     } else {
       const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row * kD) + 2 * chunk;
       const float4 u = src[0], w = src[1];
@@ -63,12 +63,12 @@ __global__ void __launch_bounds__(kDqPostThreads)
     }
   }
   uint4 out;
-  out.x = pack2<Elem>(x[0], x[1]);
-  out.y = pack2<Elem>(x[2], x[3]);
-  out.z = pack2<Elem>(x[4], x[5]);
-  out.w = pack2<Elem>(x[6], x[7]);
+  out.x = fused::pack2<Elem>(x[0], x[1]);
+  out.y = fused::pack2<Elem>(x[2], x[3]);
+  out.z = fused::pack2<Elem>(x[4], x[5]);
+  out.w = fused::pack2<Elem>(x[6], x[7]);
   Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch + int64_t(i) * p.dq_stride.row +
-             h * p.dq_stride.head + chunk * kElemsPerChunk;
+             h * p.dq_stride.head + chunk * fused::kElemsPerChunk;
   *reinterpret_cast<uint4*>(dq) = out;
 }
 

@@ -22,7 +22,7 @@
 
 #include <cstdint>
 
-#include "cuda/flash/smem_layout.hpp"  // GQATTN_FLASH_HD
+#include "cuda/fused/host_device.hpp"
 
 namespace gqattn::flash {
 
@@ -41,7 +41,7 @@ constexpr int kDqLaneFloats = 4;  // a C fragment's values per lane
 
 // Index of the first float of the 16 x 8 block whose top-left element is
 // (row0, col0), both multiples of the block's sides, in rows of d floats.
-GQATTN_FLASH_HD constexpr int64_t dq_accum_block_offset(int64_t row0, int col0, int d) {
+GQATTN_HD constexpr int64_t dq_accum_block_offset(int64_t row0, int col0, int d) {
   return row0 * d + int64_t(col0 / kDqBlockCols) * kDqBlockFloats;
 }
 
@@ -62,7 +62,7 @@ constexpr bool kDqValueMajorBelowSm90 = false;
 // The order of the code being compiled: lane-major on the host (tests) and
 // on sm90; per kDqValueMajorBelowSm90 in a device pass below sm90. The
 // kernel and the postprocess are compiled in the same pass, so they agree.
-GQATTN_FLASH_HD constexpr DqBlockOrder dq_block_order() {
+GQATTN_HD constexpr DqBlockOrder dq_block_order() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   return kDqValueMajorBelowSm90 ? DqBlockOrder::kValueMajor : DqBlockOrder::kLaneMajor;
 #else
@@ -74,14 +74,14 @@ constexpr int kDqBlockLanes = 32;  // the lanes of a warp, one C fragment
 
 // Index of value v (0..3) of lane `lane`'s C fragment inside a block.
 template <DqBlockOrder kOrder>
-GQATTN_FLASH_HD constexpr int dq_accum_in_block(int lane, int v) {
+GQATTN_HD constexpr int dq_accum_in_block(int lane, int v) {
   return kOrder == DqBlockOrder::kLaneMajor ? lane * kDqLaneFloats + v : v * kDqBlockLanes + lane;
 }
 
 // Index of element (row, col): the definition the two functions above
 // implement for C fragments.
 template <DqBlockOrder kOrder>
-GQATTN_FLASH_HD constexpr int64_t dq_accum_offset(int64_t row, int col, int d) {
+GQATTN_HD constexpr int64_t dq_accum_offset(int64_t row, int col, int d) {
   const int r = int(row % kDqBlockRows), c = col % kDqBlockCols;
   const int lane = (r % 8) * 4 + c / 2;  // g = r mod 8, t = c / 2
   const int v = (r / 8) * 2 + c % 2;     // second row half: values 2, 3

@@ -19,9 +19,9 @@
 #include "cuda/common/workspace.hpp"
 #include "cuda/flash/launchers.hpp"
 #include "cuda/flash/params.hpp"
-#include "cuda/flash/problem_args.hpp"
 #include "cuda/flash/smem_support.hpp"
 #include "cuda/flash/tile_sizes.hpp"
+#include "cuda/fused/problem_args.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
 
@@ -47,7 +47,7 @@ int64_t dq_blocks(int d, int64_t B, int64_t H, int64_t Tq) {
   return ceil_div(Tq, bm) * B * H;
 }
 int64_t preprocess_blocks(int64_t B, int64_t H, int64_t tq_padded) {
-  return ceil_div(B * H * tq_padded, kPreprocessRowsPerBlock);
+  return ceil_div(B * H * tq_padded, fused::kPreprocessRowsPerBlock);
 }
 int64_t dq_postprocess_blocks(int d, int64_t B, int64_t H, int64_t tq_padded) {
   return ceil_div(B * H * tq_padded * (d / kDqPostElemsPerThread), kDqPostThreads);
@@ -58,7 +58,7 @@ int64_t dq_postprocess_blocks(int d, int64_t B, int64_t H, int64_t tq_padded) {
 namespace gqattn::detail {
 namespace {
 
-using flash::ElemType;
+using fused::ElemType;
 
 constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
 constexpr std::size_t kLoadBytes = 16;  // cp.async chunk
@@ -149,7 +149,9 @@ flash::DqStrategy dq_strategy(const Problem& problem, bool deterministic,
               "must be ordered, separate or atomic (or unset)");
 }
 
-ElemType elem_type(DType dtype) { return dtype == DType::bf16 ? ElemType::bf16 : ElemType::f16; }
+fused::ElemType elem_type(DType dtype) {
+  return dtype == DType::bf16 ? fused::ElemType::bf16 : fused::ElemType::f16;
+}
 
 class CudaFlashBackend final : public BackendImpl {
  public:
@@ -158,7 +160,7 @@ class CudaFlashBackend final : public BackendImpl {
   // The forward: its own grid and shared memory, so a forward runs on a
   // device too small for the backward's kernels.
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
-    const std::string shared = flash::why_not_fused_problem("cuda-flash", p, dtype, device);
+    const std::string shared = fused::why_not_fused_problem("cuda-flash", p, dtype, device);
     if (!shared.empty()) return shared;
     const int64_t grid = flash::forward_blocks(int(p.d), p.B, p.H, p.Tq);
     if (grid > kMaxGridX)
@@ -182,8 +184,8 @@ class CudaFlashBackend final : public BackendImpl {
         {flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, S::kDefault),
          flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, S::kSmall),
          flash::dkdv_blocks(d, p.B, p.Hkv, p.Tk, S::kSmaller), flash::dq_blocks(d, p.B, p.H, p.Tq),
-         flash::preprocess_blocks(p.B, p.H, flash::tq_padded(p.Tq)),
-         flash::dq_postprocess_blocks(d, p.B, p.H, flash::tq_padded(p.Tq))});
+         flash::preprocess_blocks(p.B, p.H, fused::tq_padded(p.Tq)),
+         flash::dq_postprocess_blocks(d, p.B, p.H, fused::tq_padded(p.Tq))});
     if (grid > kMaxGridX)
       return "not supported: cuda-flash's backward needs at most 2^31-1 thread blocks "
              "(B*H*Tq too large: " +
@@ -205,18 +207,18 @@ class CudaFlashBackend final : public BackendImpl {
     p.v = a.v.data;
     p.o = a.o.data;
     p.lse = static_cast<float*>(a.lse.data);
-    p.q_stride = flash::row_strides(a.q);
-    p.k_stride = flash::row_strides(a.k);
-    p.v_stride = flash::row_strides(a.v);
-    p.o_stride = flash::row_strides(a.o);
+    p.q_stride = fused::row_strides(a.q);
+    p.k_stride = fused::row_strides(a.k);
+    p.v_stride = fused::row_strides(a.v);
+    p.o_stride = fused::row_strides(a.o);
     p.lse_batch_stride = a.lse.stride[0];
     p.lse_head_stride = a.lse.stride[1];
     p.B = int(a.problem.B);
     p.H = int(a.problem.H);
     p.Hkv = int(a.problem.Hkv);
-    p.mask = flash::mask_args(a.problem);
-    p.score = flash::score_args(a.problem);
-    const ElemType elem = elem_type(a.q.dtype);
+    p.mask = fused::mask_args(a.problem);
+    p.score = fused::score_args(a.problem);
+    const fused::ElemType elem = elem_type(a.q.dtype);
     switch (a.problem.d) {
       case 64: flash::launch_forward<64>(p, elem, a.options.stream); break;
       case 128: flash::launch_forward<128>(p, elem, a.options.stream); break;
@@ -225,7 +227,7 @@ class CudaFlashBackend final : public BackendImpl {
   }
 
   void backward(const BackwardArgs& a) const override {
-    flash::BackwardParams p = flash::backward_params(a);
+    fused::BackwardParams p = fused::backward_params(a);
     const int64_t padded = p.tq_padded;
 
     // Before anything is allocated or written: may throw (see dkdv_tile and
@@ -251,7 +253,7 @@ class CudaFlashBackend final : public BackendImpl {
     p.dsum = p.lse2 + rows;
     if (fused) p.dq_accum = p.dsum + rows;
     if (ordered) p.dq_counters = reinterpret_cast<int*>(p.dq_accum + accum);
-    const ElemType elem = elem_type(a.q.dtype);
+    const fused::ElemType elem = elem_type(a.q.dtype);
     switch (a.problem.d) {
       case 64: flash::launch_backward<64>(p, elem, tile, a.options.stream); break;
       case 128: flash::launch_backward<128>(p, elem, tile, a.options.stream); break;

@@ -22,31 +22,31 @@
 
 #include <cstdint>
 
-#include "cuda/flash/mask.cuh"
-#include "cuda/flash/mma.cuh"
 #include "cuda/flash/params.hpp"
-#include "cuda/flash/score_mode.hpp"
-#include "cuda/flash/softmax.cuh"
 #include "cuda/flash/tile_io.cuh"
 #include "cuda/flash/tile_sizes.hpp"
+#include "cuda/fused/fragment.cuh"
+#include "cuda/fused/mask.cuh"
+#include "cuda/fused/score_mode.hpp"
+#include "cuda/fused/softmax.cuh"
 
 namespace gqattn::flash {
 
-template <int kD, typename Elem, ScoreMode kScores>
-__global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
+template <int kD, typename Elem, fused::ScoreMode kScores>
+__global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
     forward_kernel(const ForwardParams p) {
-  constexpr bool kRowMax = kScores != ScoreMode::softcap_without_row_max;
+  constexpr bool kRowMax = kScores != fused::ScoreMode::softcap_without_row_max;
   using Tile = ForwardTile<kD>;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kBN = Tile::kBlockN;
-  constexpr int kThreads = Tile::kWarps * kWarpSize;
+  constexpr int kThreads = Tile::kWarps * fused::kWarpSize;
   constexpr int kRowsPerWarp = kBM / Tile::kWarps;
-  constexpr int kMT = kRowsPerWarp / kMmaM;  // m16 tiles per warp
-  constexpr int kNT = kBN / kMmaN;           // n8 tiles of S
-  constexpr int kDT = kD / kMmaN;            // n8 tiles of O
-  constexpr int kStepsQK = kD / kMmaK;
-  constexpr int kStepsPV = kBN / kMmaK;
-  static_assert(kRowsPerWarp % kMmaM == 0 && kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
+  constexpr int kMT = kRowsPerWarp / fused::kMmaM;  // m16 tiles per warp
+  constexpr int kNT = kBN / fused::kMmaN;           // n8 tiles of S
+  constexpr int kDT = kD / fused::kMmaN;            // n8 tiles of O
+  constexpr int kStepsQK = kD / fused::kMmaK;
+  constexpr int kStepsPV = kBN / fused::kMmaK;
+  static_assert(kRowsPerWarp % fused::kMmaM == 0 && kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
   using QTile = SmemTile<kBM, kD>;
   using KVTile = SmemTile<kBN, kD>;
 
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
   const uint32_t s_v = s_k + KVTile::kBytes;
 
   const int tid_ = threadIdx.x;
-  const int row_w = (tid_ / kWarpSize) * kRowsPerWarp;  // this warp's first row in the tile
+  const int row_w = (tid_ / fused::kWarpSize) * kRowsPerWarp;  // this warp's first row in the tile
 
   // Block -> (query tile, head, batch): the last query tiles, which visit
   // the most keys under a causal mask, are scheduled first.
@@ -68,16 +68,16 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
   const int h = bh % p.H;
   const int hk = h / (p.H / p.Hkv);
 
-  const MaskPolicy mask(p.mask);
+  const fused::MaskPolicy mask(p.mask);
   const int m0 = m_block * kBM;
   const int rows = min(kBM, mask.tq - m0);
   const Elem* q = static_cast<const Elem*>(p.q) + b * p.q_stride.batch +
                   int64_t(m0) * p.q_stride.row + h * p.q_stride.head;
   const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head;
   const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch + hk * p.v_stride.head;
-  const BlockRange range = mask.key_blocks(m0, rows, kBN);
+  const fused::BlockRange range = mask.key_blocks(m0, rows, kBN);
 
-  int tid = tid_, lane = tid_ % kWarpSize;  // refreshed by opaque() every step
+  int tid = tid_, lane = tid_ % fused::kWarpSize;  // refreshed by opaque() every step
   auto load_k = [&](int n_block) {
     const int n0 = n_block * kBN;
     load_tile_async<kBN, kD, kThreads>(s_k, k + int64_t(n0) * p.k_stride.row, p.k_stride.row,
@@ -98,14 +98,14 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
   // numerator used (score_mode.hpp, OnlineSoftmax::finalize_unshifted): P
   // times ones on the tensor cores, every column of p_sums the row sum.
   float p_sums[kMT][4] = {};
-  const uint32_t ones = pack2<Elem>(1.0f, 1.0f);
-  OnlineSoftmax<kMT> softmax(p.score.mult);
+  const uint32_t ones = fused::pack2<Elem>(1.0f, 1.0f);
+  fused::OnlineSoftmax<kMT> softmax(p.score.mult);
   if constexpr (!kRowMax) softmax.start_unshifted();
 
   for (int n_block = range.last; n_block >= range.first; --n_block) {
     const int n0 = n_block * kBN;
-    tid = opaque(tid_);
-    lane = opaque(tid_ % kWarpSize);
+    tid = fused::opaque(tid_);
+    lane = fused::opaque(tid_ % fused::kWarpSize);
     cp_async_wait<0>();
     __syncthreads();
     load_v(n_block);
@@ -116,20 +116,21 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
     for (int kk = 0; kk < kStepsQK; ++kk) {
       uint32_t a[kMT][4];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) load_a<QTile>(a[mt], s_q, row_w + mt * kMmaM, kk, lane);
+      for (int mt = 0; mt < kMT; ++mt)
+        load_a<QTile>(a[mt], s_q, row_w + mt * fused::kMmaM, kk, lane);
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bk[4];
-        load_b<KVTile>(bk, s_k, np * 2 * kMmaN, kk, lane);
+        load_b<KVTile>(bk, s_k, np * 2 * fused::kMmaN, kk, lane);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<Elem>(s[mt][2 * np], a[mt], bk[0], bk[1]);
-          mma_16816<Elem>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          fused::mma_16816<Elem>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          fused::mma_16816<Elem>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
         }
       }
     }
-    if constexpr (kScores == ScoreMode::softcap) apply_softcap(s, p.score.pre);
-    if constexpr (!kRowMax) softcap_exponents(s, p.score.pre, p.score.mult);  // s: v mult
+    if constexpr (kScores == fused::ScoreMode::softcap) fused::apply_softcap(s, p.score.pre);
+    if constexpr (!kRowMax) fused::softcap_exponents(s, p.score.pre, p.score.mult);  // s: v mult
     if (!mask.fully_kept(m0, kBM, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, m0 + row_w, n0, lane, -INFINITY);
 
@@ -147,19 +148,20 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
     for (int kk = 0; kk < kStepsPV; ++kk) {
       uint32_t a[kMT][4];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) acc_to_a<Elem>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+      for (int mt = 0; mt < kMT; ++mt)
+        fused::acc_to_a<Elem>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
       if constexpr (!kRowMax) {
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) mma_16816<Elem>(p_sums[mt], a[mt], ones, ones);
+        for (int mt = 0; mt < kMT; ++mt) fused::mma_16816<Elem>(p_sums[mt], a[mt], ones, ones);
       }
 #pragma unroll
       for (int dp = 0; dp < kDT / 2; ++dp) {
         uint32_t bv[4];
-        load_b_trans<KVTile>(bv, s_v, dp * 2 * kMmaN, kk, lane);
+        load_b_trans<KVTile>(bv, s_v, dp * 2 * fused::kMmaN, kk, lane);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<Elem>(acc_o[mt][2 * dp], a[mt], bv[0], bv[1]);
-          mma_16816<Elem>(acc_o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+          fused::mma_16816<Elem>(acc_o[mt][2 * dp], a[mt], bv[0], bv[1]);
+          fused::mma_16816<Elem>(acc_o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
         }
       }
     }
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
   else
     softmax.finalize_unshifted(acc_o, lse, p_sums);
   tid = tid_;
-  lane = tid_ % kWarpSize;
+  lane = tid_ % fused::kWarpSize;
 
   // Epilogue: O through shared memory (the Q tile's space) to whole-chunk stores.
   cp_async_wait<0>();
@@ -180,7 +182,8 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt)
-      store_acc_frag<QTile, Elem>(smem, acc_o[mt][dt], row_w + mt * kMmaM, dt * kMmaN, 1.0f, lane);
+      store_acc_frag<QTile, Elem>(smem, acc_o[mt][dt], row_w + mt * fused::kMmaM, dt * fused::kMmaN,
+                                  1.0f, lane);
   __syncthreads();
   Elem* o = static_cast<Elem*>(p.o) + b * p.o_stride.batch + int64_t(m0) * p.o_stride.row +
             h * p.o_stride.head;
@@ -190,7 +193,8 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* kWarpSize)
     float* lse_row = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride;
 #pragma unroll
     for (int r = 0; r < 2 * kMT; ++r) {
-      const int row = m0 + row_w + (r / 2) * kMmaM + (r % 2) * kFragRowHalf + frag_row(lane);
+      const int row = m0 + row_w + (r / 2) * fused::kMmaM + (r % 2) * fused::kFragRowHalf +
+                      fused::frag_row(lane);
       if (row < mask.tq) lse_row[row] = lse[r];
     }
   }

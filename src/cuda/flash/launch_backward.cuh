@@ -20,21 +20,22 @@
 #include "cuda/flash/backward_dkdv_kernel.cuh"
 #include "cuda/flash/backward_dq_kernel.cuh"
 #include "cuda/flash/backward_dq_postprocess.cuh"
-#include "cuda/flash/backward_preprocess.cuh"
 #include "cuda/flash/launchers.hpp"
+#include "cuda/fused/backward_preprocess.cuh"
 #include "gqattn/error.hpp"
 
 namespace gqattn::flash {
 
 template <int kD, typename Elem, bool kSoftcap, DkdvTileSize kSize>
-void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
+void launch_backward_typed(const fused::BackwardParams& p, cudaStream_t stream) {
   {
     const int blocks = int(preprocess_blocks(p.B, p.H, p.tq_padded));
-    backward_preprocess_kernel<kD, Elem><<<blocks, kPreprocessThreads, 0, stream>>>(p);
-    cuda::check_launch("cuda-flash backward_preprocess_kernel");
+    fused::backward_preprocess_kernel<kD, Elem>
+        <<<blocks, fused::kPreprocessThreads, 0, stream>>>(p);
+    cuda::check_launch("cuda-flash fused::backward_preprocess_kernel");
   }
   using DkdvT = DkdvTile<kD, kSize>;
-  constexpr int kDkdvThreads = DkdvT::kWarpsN * DkdvT::kWarpsD * kWarpSize;
+  constexpr int kDkdvThreads = DkdvT::kWarpsN * DkdvT::kWarpsD * fused::kWarpSize;
   const int dkdv_grid = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk, kSize));
   if (p.dq_accum != nullptr) {
     const std::size_t rows = std::size_t(p.B) * p.H * std::size_t(p.tq_padded);
@@ -73,7 +74,7 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
       cuda::check_launch("cuda-flash backward_dkdv_kernel");
     }
     using Tile = DqTile<kD>;
-    constexpr int kThreads = Tile::kWarps * kWarpSize;
+    constexpr int kThreads = Tile::kWarps * fused::kWarpSize;
     constexpr int kSmem = int(dq_smem_bytes<kD>());
     const int blocks = int(dq_blocks(kD, p.B, p.H, p.mask.tq));
     auto kernel = backward_dq_kernel<kD, Elem, kSoftcap>;
@@ -85,8 +86,8 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
 }
 
 template <int kD, DkdvTileSize kSize>
-void launch_backward_tile(const BackwardParams& p, ElemType elem, cudaStream_t s) {
-  if (elem == ElemType::bf16) {
+void launch_backward_tile(const fused::BackwardParams& p, fused::ElemType elem, cudaStream_t s) {
+  if (elem == fused::ElemType::bf16) {
     if (p.score.softcap)
       launch_backward_typed<kD, __nv_bfloat16, true, kSize>(p, s);
     else
@@ -100,7 +101,8 @@ void launch_backward_tile(const BackwardParams& p, ElemType elem, cudaStream_t s
 }
 
 template <int kD>
-void launch_backward(const BackwardParams& p, ElemType elem, DkdvTileSize tile, void* stream) {
+void launch_backward(const fused::BackwardParams& p, fused::ElemType elem, DkdvTileSize tile,
+                     void* stream) {
   using S = DkdvTileSize;
   const auto s = static_cast<cudaStream_t>(stream);
   tile = clamp_dkdv_tile(kD, tile);

@@ -4,5 +4,6 @@
 #include "cuda/flash/launch_backward.cuh"
 
 namespace gqattn::flash {
-template void launch_backward<256>(const BackwardParams&, ElemType, DkdvTileSize, void*);
+template void launch_backward<256>(const fused::BackwardParams&, fused::ElemType, DkdvTileSize,
+                                   void*);
 }  // namespace gqattn::flash

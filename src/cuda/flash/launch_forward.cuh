@@ -13,15 +13,15 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/flash/forward_kernel.cuh"
 #include "cuda/flash/launchers.hpp"
-#include "cuda/flash/score_mode.hpp"
+#include "cuda/fused/score_mode.hpp"
 #include "gqattn/error.hpp"
 
 namespace gqattn::flash {
 
-template <int kD, typename Elem, ScoreMode kScores>
+template <int kD, typename Elem, fused::ScoreMode kScores>
 void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
   using Tile = ForwardTile<kD>;
-  constexpr int kThreads = Tile::kWarps * kWarpSize;
+  constexpr int kThreads = Tile::kWarps * fused::kWarpSize;
   constexpr int kSmem = int(forward_smem_bytes<kD>());
   const int blocks = int(forward_blocks(kD, p.B, p.H, p.mask.tq));
   auto kernel = forward_kernel<kD, Elem, kScores>;
@@ -33,13 +33,18 @@ void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
 
 template <int kD, typename Elem>
 void launch_forward_elem(const ForwardParams& p, cudaStream_t s) {
-  switch (score_mode(p.score, std::is_same_v<Elem, __half> ? ElemType::f16 : ElemType::bf16)) {
-    case ScoreMode::plain: launch_forward_typed<kD, Elem, ScoreMode::plain>(p, s); break;
-    case ScoreMode::softcap: launch_forward_typed<kD, Elem, ScoreMode::softcap>(p, s); break;
-    case ScoreMode::softcap_without_row_max:
+  switch (fused::score_mode(
+      p.score, std::is_same_v<Elem, __half> ? fused::ElemType::f16 : fused::ElemType::bf16)) {
+    case fused::ScoreMode::plain:
+      launch_forward_typed<kD, Elem, fused::ScoreMode::plain>(p, s);
+      break;
+    case fused::ScoreMode::softcap:
+      launch_forward_typed<kD, Elem, fused::ScoreMode::softcap>(p, s);
+      break;
+    case fused::ScoreMode::softcap_without_row_max:
       // score_mode() gives this mode to bf16 only: no f16 kernel is compiled.
-      if constexpr (kSoftcapWithoutRowMax && std::is_same_v<Elem, __nv_bfloat16>)
-        launch_forward_typed<kD, Elem, ScoreMode::softcap_without_row_max>(p, s);
+      if constexpr (fused::kSoftcapWithoutRowMax && std::is_same_v<Elem, __nv_bfloat16>)
+        launch_forward_typed<kD, Elem, fused::ScoreMode::softcap_without_row_max>(p, s);
       else
         throw Error("cuda-flash forward", "internal: the no-row-max softcap kernels are bf16 only");
       break;
@@ -47,9 +52,9 @@ void launch_forward_elem(const ForwardParams& p, cudaStream_t s) {
 }
 
 template <int kD>
-void launch_forward(const ForwardParams& p, ElemType elem, void* stream) {
+void launch_forward(const ForwardParams& p, fused::ElemType elem, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  if (elem == ElemType::bf16)
+  if (elem == fused::ElemType::bf16)
     launch_forward_elem<kD, __nv_bfloat16>(p, s);
   else
     launch_forward_elem<kD, __half>(p, s);

@@ -13,7 +13,7 @@ namespace gqattn::flash {
 
 // o, lse (if non-null) from q, k, v.
 template <int kD>
-void launch_forward(const ForwardParams& params, ElemType elem, void* stream);
+void launch_forward(const ForwardParams& params, fused::ElemType elem, void* stream);
 
 // dq, dk, dv; params.lse2 / dsum must point at a workspace of
 // 2 * B * H * tq_padded floats' worth (see BackwardParams).
@@ -21,14 +21,18 @@ void launch_forward(const ForwardParams& params, ElemType elem, void* stream);
 // switch; clamped to the sizes d has. With a kFusedDqOnly tile params.dq_accum
 // must be set (ordered or atomic dQ).
 template <int kD>
-void launch_backward(const BackwardParams& params, ElemType elem, DkdvTileSize tile, void* stream);
+void launch_backward(const fused::BackwardParams& params, fused::ElemType elem, DkdvTileSize tile,
+                     void* stream);
 
-extern template void launch_forward<64>(const ForwardParams&, ElemType, void*);
-extern template void launch_forward<128>(const ForwardParams&, ElemType, void*);
-extern template void launch_forward<256>(const ForwardParams&, ElemType, void*);
-extern template void launch_backward<64>(const BackwardParams&, ElemType, DkdvTileSize, void*);
-extern template void launch_backward<128>(const BackwardParams&, ElemType, DkdvTileSize, void*);
-extern template void launch_backward<256>(const BackwardParams&, ElemType, DkdvTileSize, void*);
+extern template void launch_forward<64>(const ForwardParams&, fused::ElemType, void*);
+extern template void launch_forward<128>(const ForwardParams&, fused::ElemType, void*);
+extern template void launch_forward<256>(const ForwardParams&, fused::ElemType, void*);
+extern template void launch_backward<64>(const fused::BackwardParams&, fused::ElemType,
+                                         DkdvTileSize, void*);
+extern template void launch_backward<128>(const fused::BackwardParams&, fused::ElemType,
+                                          DkdvTileSize, void*);
+extern template void launch_backward<256>(const fused::BackwardParams&, fused::ElemType,
+                                          DkdvTileSize, void*);
 
 // Grid sizes the launchers use (the backend checks them against the limits).
 int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq);

@@ -8,14 +8,15 @@
 
 #include <cstdint>
 
-#include "cuda/flash/mma.cuh"
 #include "cuda/flash/smem_layout.hpp"
+#include "cuda/fused/fragment.cuh"
 
 namespace gqattn::flash {
 
 // smem_layout.hpp is plain C++ (checked on the CPU), so it spells the
 // ldmatrix.x4 pattern's 16 rows itself; they are one mma's M and K.
-static_assert(kFragmentRows == kMmaM && kFragmentRows == kMmaK, "one ldmatrix.x4 pattern per mma");
+static_assert(kFragmentRows == fused::kMmaM && kFragmentRows == fused::kMmaK,
+              "one ldmatrix.x4 pattern per mma");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -24,7 +25,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // 16 bytes global -> shared, asynchronously; zero-filled when !valid (then
 // nothing is read from `src`).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? kChunkBytes : 0;
+  const int src_bytes = valid ? fused::kChunkBytes : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
@@ -55,7 +56,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const Elem* gmem,
   constexpr int kRowsPerPass = kThreads / Tile::kChunksPerRow;
   const int row0 = int(unsigned(tid) / Tile::kChunksPerRow);
   const int chunk = int(unsigned(tid) % Tile::kChunksPerRow);
-  const Elem* src = gmem + row0 * row_stride + chunk * kElemsPerChunk;
+  const Elem* src = gmem + row0 * row_stride + chunk * fused::kElemsPerChunk;
   const int64_t pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
   for (int it = 0; it < kChunks / kThreads; ++it) {
@@ -85,7 +86,7 @@ __device__ __forceinline__ void store_tile(const unsigned char* smem, Elem* gmem
     const int chunk = c % Tile::kChunksPerRow;
     if (row < rows_valid) {
       const uint4 value = *reinterpret_cast<const uint4*>(smem + Tile::offset(row, chunk));
-      *reinterpret_cast<uint4*>(gmem + row * row_stride + chunk * kElemsPerChunk) = value;
+      *reinterpret_cast<uint4*>(gmem + row * row_stride + chunk * fused::kElemsPerChunk) = value;
     }
   }
 }
@@ -95,12 +96,12 @@ __device__ __forceinline__ void store_tile(const unsigned char* smem, Elem* gmem
 template <typename Tile, typename Elem>
 __device__ __forceinline__ void store_acc_frag(unsigned char* smem, const float (&c)[4], int row0,
                                                int col0, float scale, int lane) {
-  const int row = row0 + frag_row(lane);
-  const int col = col0 + frag_col(lane);
+  const int row = row0 + fused::frag_row(lane);
+  const int col = col0 + fused::frag_col(lane);
   *reinterpret_cast<uint32_t*>(smem + Tile::elem_offset(row, col)) =
-      pack2<Elem>(c[0] * scale, c[1] * scale);
-  *reinterpret_cast<uint32_t*>(smem + Tile::elem_offset(row + kFragRowHalf, col)) =
-      pack2<Elem>(c[2] * scale, c[3] * scale);
+      fused::pack2<Elem>(c[0] * scale, c[1] * scale);
+  *reinterpret_cast<uint32_t*>(smem + Tile::elem_offset(row + fused::kFragRowHalf, col)) =
+      fused::pack2<Elem>(c[2] * scale, c[3] * scale);
 }
 
 // Writes one C fragment as 16-bit values at byte `offset` of a shared tile
@@ -108,9 +109,9 @@ __device__ __forceinline__ void store_acc_frag(unsigned char* smem, const float 
 template <typename Tile, typename Elem>
 __device__ __forceinline__ void store_acc_frag_at(unsigned char* tile, uint32_t offset,
                                                   const float (&c)[4]) {
-  *reinterpret_cast<uint32_t*>(tile + offset) = pack2<Elem>(c[0], c[1]);
-  *reinterpret_cast<uint32_t*>(tile + offset + kFragRowHalf * Tile::kRowBytes) =
-      pack2<Elem>(c[2], c[3]);
+  *reinterpret_cast<uint32_t*>(tile + offset) = fused::pack2<Elem>(c[0], c[1]);
+  *reinterpret_cast<uint32_t*>(tile + offset + fused::kFragRowHalf * Tile::kRowBytes) =
+      fused::pack2<Elem>(c[2], c[3]);
 }
 
 // ---- fragment loads (see mma.cuh for the register layouts) ------------------
@@ -121,7 +122,7 @@ __device__ __forceinline__ void store_acc_frag_at(unsigned char* tile, uint32_t 
 template <typename Tile>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0, int kk,
                                        int lane) {
-  ldsm_x4(a, a_fragment_address<Tile>(tile, row0, kk, lane));
+  fused::ldsm_x4(a, a_fragment_address<Tile>(tile, row0, kk, lane));
 }
 
 // A fragment (16 rows x k16) at rows row0..row0+15 (row0 a multiple of 16),
@@ -131,7 +132,7 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0
 template <typename Tile>
 __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], uint32_t tile, int row0, int kk,
                                              int lane) {
-  ldsm_x4_trans(a, a_trans_fragment_address<Tile>(tile, row0, kk, lane));
+  fused::ldsm_x4_trans(a, a_trans_fragment_address<Tile>(tile, row0, kk, lane));
 }
 
 // B fragments of two n8 tiles (n = n0..n0+15, n0 a multiple of 8) at k-step
@@ -139,7 +140,7 @@ __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], uint32_t tile, in
 // b[2], b[3]: n0 + 8.
 template <typename Tile>
 __device__ __forceinline__ void load_b(uint32_t (&b)[4], uint32_t tile, int n0, int kk, int lane) {
-  ldsm_x4(b, b_fragment_address<Tile>(tile, n0, kk, lane));
+  fused::ldsm_x4(b, b_fragment_address<Tile>(tile, n0, kk, lane));
 }
 
 // B fragments of two n8 tiles (n = n0..n0+15, n0 a multiple of 16) at
@@ -148,7 +149,7 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[4], uint32_t tile, int n0, 
 template <typename Tile>
 __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], uint32_t tile, int n0, int kk,
                                              int lane) {
-  ldsm_x4_trans(b, b_trans_fragment_address<Tile>(tile, n0, kk, lane));
+  fused::ldsm_x4_trans(b, b_trans_fragment_address<Tile>(tile, n0, kk, lane));
 }
 
 }  // namespace gqattn::flash

@@ -450,14 +450,4 @@ constexpr std::size_t backward_min_smem_bytes() {
   return std::max(dkdv, dq_smem_bytes<kD>());
 }
 
-// The preprocessing kernel: kPreprocessLanesPerRow lanes share one row's
-// dot product do . o.
-constexpr int kPreprocessThreads = 128;
-constexpr int kPreprocessLanesPerRow = 8;
-constexpr int kPreprocessRowsPerBlock = kPreprocessThreads / kPreprocessLanesPerRow;
-
-// The workspace rows of the backward are padded to this many queries (a
-// multiple of every kBlockM, so whole query tiles load without bounds checks).
-constexpr int kWorkspaceRowAlign = 128;
-
 }  // namespace gqattn::flash

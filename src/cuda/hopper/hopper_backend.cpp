@@ -17,16 +17,16 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
 #include "cuda/common/workspace.hpp"
-#include "cuda/flash/problem_args.hpp"
 #include "cuda/flash/tile_sizes.hpp"
-#include "cuda/hopper/backward_dq_choice.hpp"
-#include "cuda/hopper/backward_grid_order.hpp"
-#include "cuda/hopper/backward_params.hpp"
+#include "cuda/fused/problem_args.hpp"
+#include "cuda/hopper/backward/dq_choice.hpp"
+#include "cuda/hopper/backward/grid_order.hpp"
+#include "cuda/hopper/backward/params.hpp"
+#include "cuda/hopper/forward/pack_gqa.hpp"
+#include "cuda/hopper/forward/params.hpp"
+#include "cuda/hopper/forward/split_kv.hpp"
+#include "cuda/hopper/forward/tile_sizes.hpp"
 #include "cuda/hopper/launchers.hpp"
-#include "cuda/hopper/pack_gqa.hpp"
-#include "cuda/hopper/params.hpp"
-#include "cuda/hopper/split_kv.hpp"
-#include "cuda/hopper/tile_sizes.hpp"
 #include "cuda/hopper/tma_desc.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
@@ -51,9 +51,9 @@ constexpr int kNeedMinor = 0;
 // mask_args and score_args exactly as the launcher decides on
 // ForwardParams::mask and ::score (a window >= Tk is no window).
 hopper::ForwardTileDims forward_tile(const Problem& p) {
-  const flash::MaskArgs m = flash::mask_args(p);
+  const fused::MaskArgs m = fused::mask_args(p);
   const hopper::TileShape shape =
-      hopper::forward_shape(int(p.d), m.causal, m.window, m.tq, m.tk, flash::score_args(p).softcap);
+      hopper::forward_shape(int(p.d), m.causal, m.window, m.tq, m.tk, fused::score_args(p).softcap);
   return hopper::forward_tile_dims(int(p.d), shape);
 }
 
@@ -82,7 +82,7 @@ class CudaHopperBackend final : public BackendImpl {
   Backend id() const override { return Backend::CudaHopper; }
 
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
-    const std::string shared = flash::why_not_fused_problem("cuda-hopper", p, dtype, device);
+    const std::string shared = fused::why_not_fused_problem("cuda-hopper", p, dtype, device);
     if (!shared.empty()) return shared;
     const int64_t grid = hopper::forward_blocks(forward_tile(p).block_m, p.B, p.H, p.Tq);
     if (grid > kMaxGridX)
@@ -132,7 +132,7 @@ class CudaHopperBackend final : public BackendImpl {
     // The tile launch_forward picks from p.mask and p.score.
     const hopper::ForwardTileDims tile = forward_tile(a.problem);
     hopper::ForwardParams p;
-    p.mask = flash::mask_args(a.problem);
+    p.mask = fused::mask_args(a.problem);
     // Packed GQA where a head's queries do not fill a tile: the q and o
     // boxes then span the 2^shift query heads of a kv head (pack_gqa.hpp).
     p.pack_shift = hopper::pack_gqa_shift(tile.block_m, a.problem.Tq, a.problem.H, a.problem.Hkv);
@@ -147,14 +147,14 @@ class CudaHopperBackend final : public BackendImpl {
       p.o_map = hopper::make_tile_map(a.o, hopper::kWgmmaM / heads_per_box, "o", heads_per_box);
     p.o_by_16_byte_stores = why_misaligned(a.o, "o", kChunkBytes, "16-byte stores").empty();
     p.o = a.o.data;
-    p.o_stride = flash::row_strides(a.o);
+    p.o_stride = fused::row_strides(a.o);
     p.lse = static_cast<float*>(a.lse.data);
     p.lse_batch_stride = a.lse.stride[0];
     p.lse_head_stride = a.lse.stride[1];
     p.B = int(a.problem.B);
     p.H = int(a.problem.H);
     p.Hkv = int(a.problem.Hkv);
-    p.score = flash::score_args(a.problem);
+    p.score = fused::score_args(a.problem);
 
     // Split-KV where the work tiles would leave most SMs idle (split_kv.hpp):
     // the tasks' f32 partials, [splits][B][H][Tq] x (d + 1) floats, live in
@@ -177,8 +177,8 @@ class CudaHopperBackend final : public BackendImpl {
       p.lse_part = p.o_part + split_rows * std::size_t(d);
     }
 
-    const hopper::ElemType elem =
-        a.q.dtype == DType::bf16 ? hopper::ElemType::bf16 : hopper::ElemType::f16;
+    const fused::ElemType elem =
+        a.q.dtype == DType::bf16 ? fused::ElemType::bf16 : fused::ElemType::f16;
     switch (d) {
       case 64: hopper::launch_forward<64>(p, elem, a.options.stream); break;
       case 128: hopper::launch_forward<128>(p, elem, a.options.stream); break;
@@ -197,9 +197,9 @@ class CudaHopperBackend final : public BackendImpl {
     const int64_t grid = std::max(
         {hopper::bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d),
          hopper::bwd::dq_blocks(p.B, p.H, p.Tq, p.d),
-         hopper::bwd::ceil_div(p.B * p.H * flash::tq_padded(p.Tq), flash::kPreprocessRowsPerBlock),
+         hopper::bwd::ceil_div(p.B * p.H * fused::tq_padded(p.Tq), fused::kPreprocessRowsPerBlock),
          hopper::bwd::fused_dq_supported(int(p.d))
-             ? hopper::bwd::dq_convert_blocks(p.B, p.H, flash::tq_padded(p.Tq))
+             ? hopper::bwd::dq_convert_blocks(p.B, p.H, fused::tq_padded(p.Tq))
              : 0});
     if (grid > kMaxGridX)
       return "not supported: cuda-hopper backward needs at most 2^31-1 thread blocks (" +
@@ -233,9 +233,9 @@ class CudaHopperBackend final : public BackendImpl {
       p.dk_map = hopper::make_tile_map(a.dk, hopper::kWgmmaM, "dk");
       p.dv_map = hopper::make_tile_map(a.dv, hopper::kWgmmaM, "dv");
     }
-    p.c = flash::backward_params(a);
+    p.c = fused::backward_params(a);
     hopper::bwd::softcap_backward_terms(p);
-    flash::BackwardParams& c = p.c;
+    fused::BackwardParams& c = p.c;
     const int64_t padded = c.tq_padded;
     p.dkdv_group_pairs = hopper::bwd::dkdv_grid_group_pairs(
         a.problem, cuda::current_device_properties().multiprocessors);
@@ -260,8 +260,8 @@ class CudaHopperBackend final : public BackendImpl {
     c.dsum = c.lse2 + rows;
     p.dq_accum = accum > 0 ? c.dsum + rows : nullptr;
     p.dq_semaphores = semaphores > 0 ? reinterpret_cast<int*>(c.dsum + rows + accum) : nullptr;
-    const hopper::ElemType elem =
-        a.q.dtype == DType::bf16 ? hopper::ElemType::bf16 : hopper::ElemType::f16;
+    const fused::ElemType elem =
+        a.q.dtype == DType::bf16 ? fused::ElemType::bf16 : fused::ElemType::f16;
     if (d == 64)
       hopper::bwd::launch_backward<64>(p, elem, a.options.stream);
     else if (d == 128)

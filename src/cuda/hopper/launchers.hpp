@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "cuda/hopper/params.hpp"
+#include "cuda/hopper/forward/params.hpp"
 
 namespace gqattn::hopper {
 

@@ -16,20 +16,20 @@
 
 #include <cstdint>
 
-#include "cuda/flash/smem_layout.hpp"  // GQATTN_FLASH_HD, kChunkBytes
-#include "cuda/hopper/tile_sizes.hpp"
+#include "cuda/fused/params.hpp"  // kChunkBytes
+#include "cuda/hopper/forward/tile_sizes.hpp"
 
 namespace gqattn::hopper {
 
 constexpr int kSwizzleRows = kSwizzleAtomBytes / kSwizzleBytes;  // 8
-constexpr int kElemsPerChunk = flash::kChunkBytes / kElemBytes;  // 8
+constexpr int kElemsPerChunk = fused::kChunkBytes / kElemBytes;  // 8
 
 // Byte offset of element (row, col) of a K-major tile of `rows` rows.
-GQATTN_FLASH_HD uint32_t k_major_offset(int row, int col, int rows) {
+GQATTN_HD uint32_t k_major_offset(int row, int col, int rows) {
   const int block = col / kColBlock;
   const int chunk = col % kColBlock / kElemsPerChunk;
   return uint32_t(block * rows * kSwizzleBytes + row * kSwizzleBytes +
-                  (chunk ^ (row % kSwizzleRows)) * flash::kChunkBytes +
+                  (chunk ^ (row % kSwizzleRows)) * fused::kChunkBytes +
                   col % kElemsPerChunk * kElemBytes);
 }
 
@@ -42,14 +42,14 @@ GQATTN_FLASH_HD uint32_t k_major_offset(int row, int col, int rows) {
 // 16 kk + 8 (m / 2) + 2c, + 1), which is wgmma's register A fragment. The
 // rows of a warp start at a multiple of 16, so the swizzle only XORs the
 // chunk with lane % 8: one XOR per k-step on top of a per-lane row offset.
-GQATTN_FLASH_HD uint32_t a_fragment_ldmatrix_offset(int kk, int warp, int lane, int rows) {
+GQATTN_HD uint32_t a_fragment_ldmatrix_offset(int kk, int warp, int lane, int rows) {
   const int matrix = lane / 8;
   const int row_in_matrix = lane % 8;
   const int row = warp * 16 + matrix % 2 * 8 + row_in_matrix;
   constexpr int kStepsPerBlock = kColBlock / kWgmmaK;  // 4
   const int chunk = (kk % kStepsPerBlock * 2 + matrix / 2) ^ row_in_matrix;
   return uint32_t(kk / kStepsPerBlock * rows * kSwizzleBytes + row * kSwizzleBytes +
-                  chunk * flash::kChunkBytes);
+                  chunk * fused::kChunkBytes);
 }
 
 // The stmatrix.x4 destination of `lane` for the accumulator's 8-column
@@ -60,7 +60,7 @@ GQATTN_FLASH_HD uint32_t a_fragment_ldmatrix_offset(int kk, int warp, int lane, 
 // of a thread g = lane / 4, c = lane % 4 then holds row g + 8 (m % 2),
 // columns 8 (block + m / 2) + 2c, + 1: the pair acc[block + m / 2][2 (m %
 // 2)], [2 (m % 2) + 1] of the wgmma accumulator.
-GQATTN_FLASH_HD uint32_t accumulator_stmatrix_offset(int block, int warp, int lane, int rows) {
+GQATTN_HD uint32_t accumulator_stmatrix_offset(int block, int warp, int lane, int rows) {
   const int matrix = lane / 8;
   const int row = warp * 16 + matrix % 2 * 8 + lane % 8;
   return k_major_offset(row, (block + matrix / 2) * kElemsPerChunk, rows);
@@ -74,10 +74,10 @@ GQATTN_FLASH_HD uint32_t accumulator_stmatrix_offset(int block, int warp, int la
 // rows 2j and 2j + 1 land on distinct pieces across j, odd rows 16 banks
 // from even ones, so the 32 words hit 32 banks; a 16-byte read by 8 lanes
 // (rows 2j, 2j + 1 whole) covers 128 contiguous bytes.
-GQATTN_FLASH_HD uint32_t out_chunk_offset(int row, int piece) {
-  static_assert(kOutChunkCols * kElemBytes / flash::kChunkBytes == 4, "the swizzle takes 4 pieces");
+GQATTN_HD uint32_t out_chunk_offset(int row, int piece) {
+  static_assert(kOutChunkCols * kElemBytes / fused::kChunkBytes == 4, "the swizzle takes 4 pieces");
   return uint32_t(row) * (kOutChunkCols * kElemBytes) +
-         uint32_t(piece ^ ((row >> 1) & 3)) * flash::kChunkBytes;
+         uint32_t(piece ^ ((row >> 1) & 3)) * fused::kChunkBytes;
 }
 
 // The stmatrix.x4 destination of `lane` for pieces `piece` and piece + 1
@@ -87,7 +87,7 @@ GQATTN_FLASH_HD uint32_t out_chunk_offset(int row, int piece) {
 // accumulator_stmatrix_offset. A matrix's 8 rows take 8 distinct 16-byte
 // bank groups (rows r and r + 1 differ by 64 bytes, (r / 2) % 4 by the
 // swizzle): no bank conflict.
-GQATTN_FLASH_HD uint32_t chunk_stmatrix_offset(int piece, int lane) {
+GQATTN_HD uint32_t chunk_stmatrix_offset(int piece, int lane) {
   const int matrix = lane / 8;
   return out_chunk_offset(matrix % 2 * 8 + lane % 8, piece + matrix / 2);
 }

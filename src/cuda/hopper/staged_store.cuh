@@ -15,11 +15,11 @@
 
 #include <cstdint>
 
-#include "cuda/flash/mma.cuh"
+#include "cuda/fused/fragment.cuh"
+#include "cuda/hopper/forward/tile_sizes.hpp"
 #include "cuda/hopper/operand_layout.hpp"
 #include "cuda/hopper/ptx/stmatrix.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
-#include "cuda/hopper/tile_sizes.hpp"
 
 namespace gqattn::hopper {
 
@@ -49,22 +49,22 @@ __device__ __forceinline__ void stage_rows(uint32_t staging, const float (&acc)[
 #pragma unroll
     for (int i = 0; i < kCols / 8; i += 2) {
       ptx::stmatrix_x4(staging + accumulator_stmatrix_offset(i, warp, lane, kWgmmaM),
-                       flash::pack2<Elem>(acc[i][0] * mult, acc[i][1] * mult),
-                       flash::pack2<Elem>(acc[i][2] * mult, acc[i][3] * mult),
-                       flash::pack2<Elem>(acc[i + 1][0] * mult, acc[i + 1][1] * mult),
-                       flash::pack2<Elem>(acc[i + 1][2] * mult, acc[i + 1][3] * mult));
+                       fused::pack2<Elem>(acc[i][0] * mult, acc[i][1] * mult),
+                       fused::pack2<Elem>(acc[i][2] * mult, acc[i][3] * mult),
+                       fused::pack2<Elem>(acc[i + 1][0] * mult, acc[i + 1][1] * mult),
+                       fused::pack2<Elem>(acc[i + 1][2] * mult, acc[i + 1][3] * mult));
     }
     return;
   }
-  const int col0 = flash::frag_col(lane);
+  const int col0 = fused::frag_col(lane);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = warp * flash::kMmaM + flash::frag_row(lane) + half * flash::kFragRowHalf;
+    const int row = warp * fused::kMmaM + fused::frag_row(lane) + half * fused::kFragRowHalf;
 #pragma unroll
     for (int i = 0; i < kCols / 8; ++i) {
       const uint32_t addr = staging + k_major_offset(row, i * 8 + col0, kWgmmaM);
       const uint32_t pair =
-          flash::pack2<Elem>(acc[i][2 * half] * mult, acc[i][2 * half + 1] * mult);
+          fused::pack2<Elem>(acc[i][2 * half] * mult, acc[i][2 * half + 1] * mult);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
     }
   }

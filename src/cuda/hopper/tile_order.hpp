@@ -25,7 +25,7 @@
 // units, tile_coord.cuh).
 #pragma once
 
-#include "cuda/flash/smem_layout.hpp"  // GQATTN_FLASH_HD
+#include "cuda/fused/host_device.hpp"
 
 namespace gqattn::hopper {
 
@@ -39,7 +39,7 @@ struct TileId {
   int m_block, b, h;
 };
 
-GQATTN_FLASH_HD TileId tile_id(const TileOrderArgs& a, int index) {
+GQATTN_HD TileId tile_id(const TileOrderArgs& a, int index) {
   TileId t;
   if (a.pairs <= 0) {
     const int num_bh = a.B * a.H;
@@ -74,7 +74,7 @@ struct KeyTileId {
   int n_block, b, hk;
 };
 
-GQATTN_FLASH_HD KeyTileId key_tile_id(int B, int Hkv, int num_n, int pairs, int index) {
+GQATTN_HD KeyTileId key_tile_id(int B, int Hkv, int num_n, int pairs, int index) {
   const TileId t = tile_id(TileOrderArgs{B, Hkv, Hkv, num_n, pairs}, index);
   return KeyTileId{num_n - 1 - t.m_block, t.b, t.h};
 }

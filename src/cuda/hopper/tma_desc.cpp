@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cuda/common/cuda_check.hpp"
-#include "cuda/hopper/tile_sizes.hpp"
+#include "cuda/hopper/forward/tile_sizes.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
 

@@ -1,0 +1,120 @@
+// The fused kernels' plain-data arguments (cuda-flash, and cuda-hopper, which
+// shares flash's mask policy, softmax and backward preprocessing), made from
+// validated arguments on the host. Checked through both backends' GPU tests.
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+
+#include <cstdint>
+#include <string>
+
+#include "api/backend.hpp"
+#include "cuda/fused/params.hpp"
+#include "gqattn/dtype.hpp"
+#include "gqattn/types.hpp"
+
+namespace gqattn::fused {
+
+// A window that covers every key (j >= i + off - window + 1 holds for all
+// j >= 0 when window >= Tk) is no window.
+inline MaskArgs mask_args(const Problem& p) {
+  MaskArgs m;
+  m.tq = int(p.Tq);
+  m.tk = int(p.Tk);
+  m.causal = p.causal;
+  m.window = p.window >= p.Tk ? 0 : int(p.window);
+  return m;
+}
+
+// Softcap folds the scale into tanh's argument and the cap into the
+// exponent's multiplier; without it the scale goes into the multiplier.
+inline ScoreArgs score_args(const Problem& p) {
+  ScoreArgs s;
+  s.scale = p.effective_scale();
+  s.softcap = p.softcap > 0.0f;
+  if (s.softcap) {
+    s.pre = s.scale / p.softcap;
+    if (!std::isfinite(s.pre)) s.pre = FLT_MAX;  // a denormal cap: tanh saturates, never 0 * inf
+    s.mult = p.softcap * kLog2e;
+    // For the FLT_MAX pre the bound is subnormal: only s = 0 passes, whose
+    // polynomial tanh is 0, as it should be.
+    s.poly_bound = kSoftcapPolyMaxY / s.pre;
+    for (int i = 0; i < kSoftcapPolyTerms; ++i) s.poly_exponent[i] = kSoftcapPolyCoef[i] * s.mult;
+  } else {
+    s.mult = s.scale * kLog2e;
+  }
+  return s;
+}
+
+// Sequence lengths stay below this so that every index the fused kernels
+// form (i + Tk - Tq, j - off + window, tile offsets, TMA coordinates) fits
+// in an int.
+constexpr int64_t kMaxSequence = int64_t{1} << 30;
+
+inline bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
+
+// The rules the fused backends share (device, dtype, head dim, sequence
+// length): "" when `backend` passes them, else the reason.
+inline std::string why_not_fused_problem(const char* backend, const Problem& p, DType dtype,
+                                         Device device) {
+  if (device != Device::cuda) return "runs on CUDA devices only (got device cpu)";
+  const bool dtype_ok = dtype == DType::bf16 || dtype == DType::f16;
+  if (!dtype_ok || !head_dim_supported(p.d)) {
+    std::string got;
+    if (!head_dim_supported(p.d)) got = "d=" + std::to_string(p.d);
+    if (!dtype_ok) got += std::string(got.empty() ? "" : ", ") + "dtype " + dtype_name(dtype);
+    return std::string("not supported: ") + backend +
+           " supports d in {64, 128, 256} and dtypes bf16/f16 (got " + got + ")";
+  }
+  if (p.Tq >= kMaxSequence || p.Tk >= kMaxSequence)
+    return std::string("not supported: ") + backend +
+           " needs Tq, Tk < 2^30 (got Tq=" + std::to_string(p.Tq) + ", Tk=" + std::to_string(p.Tk) +
+           ")";
+  return "";
+}
+
+// Strides of a [B, T, heads, d] tensor (the d stride is 1).
+inline RowStrides row_strides(const TensorRef& t) {
+  return {t.stride[0], t.stride[1], t.stride[2]};
+}
+
+// Rows of the backward's per-(b, h) f32 workspaces (lse2, D, ...): Tq rounded
+// up so that every (b, h) block starts aligned for wide and bulk copies.
+inline int64_t tq_padded(int64_t tq) {
+  return (tq + kWorkspaceRowAlign - 1) / kWorkspaceRowAlign * kWorkspaceRowAlign;
+}
+
+// Everything of BackwardParams but the workspaces (lse2, dsum, and the
+// fused-dQ buffers), which the caller allocates on its stream.
+inline BackwardParams backward_params(const detail::BackwardArgs& a) {
+  BackwardParams p;
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.o.data;
+  p.lse = static_cast<const float*>(a.lse.data);
+  p.dout = a.dout.data;
+  p.dq = a.dq.data;
+  p.dk = a.dk.data;
+  p.dv = a.dv.data;
+  p.q_stride = row_strides(a.q);
+  p.k_stride = row_strides(a.k);
+  p.v_stride = row_strides(a.v);
+  p.o_stride = row_strides(a.o);
+  p.do_stride = row_strides(a.dout);
+  p.dq_stride = row_strides(a.dq);
+  p.dk_stride = row_strides(a.dk);
+  p.dv_stride = row_strides(a.dv);
+  p.lse_batch_stride = a.lse.stride[0];
+  p.lse_head_stride = a.lse.stride[1];
+  p.B = int(a.problem.B);
+  p.H = int(a.problem.H);
+  p.Hkv = int(a.problem.Hkv);
+  p.mask = mask_args(a.problem);
+  p.score = score_args(a.problem);
+  p.tq_padded = int(tq_padded(a.problem.Tq));
+  return p;
+}
+
+}  // namespace gqattn::fused

@@ -1,0 +1,105 @@
+// cuda-hopper: the backward launcher template: cuda-flash's preprocessing
+// kernel (lse2, D into the workspace; reused as is), then the dK/dV kernel
+// (one CTA per key tile, kv head, batch), then either the dQ kernel (one CTA
+// per query tile, head, batch) or, with the fused dQ (d <= 128), the
+// conversion of the accumulator the dK/dV kernel added into when the caller
+// set p.dq_accum, all on the caller's
+// stream, 1-D grids.
+// Instantiated per head dimension by launch_backward_d*.cu. Checked through
+// tests/gpu/test_hopper_backward.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/common/device_query.hpp"
+#include "cuda/flash/tile_sizes.hpp"
+#include "cuda/fused/backward_preprocess.cuh"
+#include "cuda/hopper/backward/dkdv_kernel.cuh"
+#include "cuda/hopper/backward/dq_convert.cuh"
+#include "cuda/hopper/backward/dq_kernel.cuh"
+#include "cuda/hopper/backward/params.hpp"
+#include "cuda/hopper/dependent_launch.hpp"
+
+namespace gqattn::hopper::bwd {
+
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
+void launch_dkdv(const BackwardParams& p, cudaStream_t stream) {
+  constexpr int kSmem = int(DkdvSmem<kD, kFusedDq>::kAllocBytes);
+  const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk, kD));
+  auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, kFusedDq>;
+  GQATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
+  cuda::check_launch("cuda-hopper backward_dkdv_kernel");
+}
+
+// Fused dQ: zero the semaphores (the accumulator needs no zeroing: the
+// first key tile of a query tile stores), the dK/dV kernel that adds into
+// it, then dq = scale * accumulator.
+template <int kD, typename Elem, bool kSoftcap>
+void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
+  GQATTN_CUDA_CHECK(cudaMemsetAsync(
+      p.dq_semaphores, 0, fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
+  launch_dkdv<kD, Elem, kSoftcap, true>(p, stream);
+  const int blocks = int(dq_convert_blocks(p.c.B, p.c.H, p.c.tq_padded));
+  // With kBwdDqConvertOverlap, a programmatic dependent launch: scheduled
+  // once every dK/dV CTA has started (backward_dkdv_kernel), so it can use
+  // the SMs the dK/dV kernel's last wave leaves idle; a persistent grid,
+  // since its CTAs wait for their blocks and hold their SMs while they do.
+  const int ctas = kBwdDqConvertOverlap
+                       ? std::min(blocks, kDqConvertCtasPerSm *
+                                              cuda::current_device_properties().multiprocessors)
+                       : blocks;
+  launch_dependent(backward_dq_convert_kernel<kD, Elem>, unsigned(ctas), kDqConvertThreads,
+                   dq_convert_pending_bytes(blocks, ctas), stream, kBwdDqConvertOverlap, p);
+  cuda::check_launch("cuda-hopper backward_dq_convert_kernel");
+}
+
+template <int kD, typename Elem, bool kSoftcap>
+void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
+  static_assert(fused::kWorkspaceRowAlign % DqTile<kD>::kBlockM == 0 &&
+                    fused::kWorkspaceRowAlign % DkdvTile<kD>::kBlockM == 0,
+                "whole query tiles of lse2 / D lie inside a workspace row");
+  {
+    const int blocks =
+        int(ceil_div(int64_t(p.c.B) * p.c.H * p.c.tq_padded, fused::kPreprocessRowsPerBlock));
+    fused::backward_preprocess_kernel<kD, Elem>
+        <<<blocks, fused::kPreprocessThreads, 0, stream>>>(p.c);
+    cuda::check_launch("cuda-hopper backward_preprocess_kernel (cuda-flash's)");
+  }
+  if constexpr (DkdvTile<kD>::kFusedDqSupported) {
+    if (p.dq_accum != nullptr) {
+      launch_dkdv_fused_dq<kD, Elem, kSoftcap>(p, stream);
+      return;
+    }
+  }
+  launch_dkdv<kD, Elem, kSoftcap, false>(p, stream);
+  constexpr int kSmem = int(DqSmem<kD>::kAllocBytes);
+  const int blocks = int(dq_blocks(p.c.B, p.c.H, p.c.mask.tq, kD));
+  auto kernel = backward_dq_kernel<kD, Elem, kSoftcap>;
+  GQATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
+  cuda::check_launch("cuda-hopper backward_dq_kernel");
+}
+
+template <int kD>
+void launch_backward(const BackwardParams& p, ElemType elem, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (elem == ElemType::bf16) {
+    if (p.c.score.softcap)
+      launch_backward_typed<kD, __nv_bfloat16, true>(p, s);
+    else
+      launch_backward_typed<kD, __nv_bfloat16, false>(p, s);
+  } else {
+    if (p.c.score.softcap)
+      launch_backward_typed<kD, __half, true>(p, s);
+    else
+      launch_backward_typed<kD, __half, false>(p, s);
+  }
+}
+
+}  // namespace gqattn::hopper::bwd

@@ -1,0 +1,8 @@
+// cuda-hopper: the backward kernels for head dimension 64 (bf16, f16; with and
+// without softcap), in their own translation unit for a parallel build.
+// Checked through tests/gpu/test_hopper_backward.cpp.
+#include "cuda/hopper/backward/launch.cuh"
+
+namespace gqattn::hopper::bwd {
+template void launch_backward<64>(const BackwardParams&, ElemType, void*);
+}  // namespace gqattn::hopper::bwd

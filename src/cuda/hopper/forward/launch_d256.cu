@@ -1,0 +1,8 @@
+// cuda-hopper: the forward kernels for head dimension 256 (bf16, f16; with and
+// without softcap), in their own translation unit for a parallel build.
+// Checked through tests/gpu/test_hopper_forward.cpp.
+#include "cuda/hopper/forward/launch.cuh"
+
+namespace gqattn::hopper {
+template void launch_forward<256>(const ForwardParams&, ElemType, void*);
+}  // namespace gqattn::hopper

@@ -1,0 +1,118 @@
+// cuda-hopper: which work tiles a CTA owns — (query tile, head, batch) from
+// a linear tile index (in the order of tile_order.hpp: longest first, or
+// kv-grouped where all tiles are equally long), the kv head of its GQA
+// group, and the key tiles the mask policy says it visits. Under a causal
+// mask the query tiles end at Tq's last row (query_tile_shift), so the
+// first tile may start before row 0.
+// TileSchedule deals the indices to the CTAs of the (1-D) grid: CTA c takes,
+// in round r, index r * G + c (r even) or r * G + G - 1 - c (r odd), G =
+// gridDim.x. The order is fixed (deterministic, no atomics) and the same in
+// the producer and the consumers of a CTA; serpentine rounds cancel the bias
+// a plain stride would give CTA 0 (always the longest tile of a round).
+// With one CTA per tile (kPersistentScheduler off) every CTA gets exactly
+// index blockIdx.x. With clusters of kCluster CTAs (K/V multicast,
+// tile_sizes.hpp) the same is dealt in units of kCluster consecutive
+// indices, one unit per cluster, and the CTA of rank r takes index
+// kCluster unit + r: consecutive indices are consecutive query heads of the
+// same query tile and batch, so a unit's tiles visit the same key tiles.
+// Split-KV (split_kv.hpp, ForwardParams::num_splits > 1): each work tile is
+// num_splits consecutive tasks, each visiting one range of its key tiles.
+// Packed GQA (pack_gqa.hpp, ForwardParams::pack_shift > 0): a tile's rows are
+// the (query, head) pairs of all query heads of one kv head, so tiles are
+// dealt over (query tile, kv head, batch) and m0 counts packed rows.
+// Checked through tests/gpu/test_hopper_forward.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/fused/mask.cuh"
+#include "cuda/hopper/forward/params.hpp"
+#include "cuda/hopper/forward/split_kv.hpp"
+#include "cuda/hopper/forward/tile_sizes.hpp"
+#include "cuda/hopper/tile_order.hpp"
+
+namespace gqattn::hopper {
+
+using fused::BlockRange;
+using fused::MaskPolicy;
+
+struct TileCoord {
+  int m0;           // first query row of the tile: negative on the first tile
+                    // of a shifted problem (query_tile_shift), a multiple of
+                    // kWgmmaM rows before row 0; packed: first packed row,
+                    // query m0 >> pack_shift
+  int b, h, hk;     // batch, query head (packed: the kv head's first), kv head
+  int split;        // split-KV (split_kv.hpp): which range of the tile's key tiles
+  BlockRange keys;  // key tiles visited, walked from keys.last down to keys.first
+};
+
+// The work tiles of this CTA, in order: k-th tile index(k) while valid(k).
+// kCluster: CTAs per cluster (1, or 2 with K/V multicast; num_tiles is then
+// a multiple of it, so the CTAs of a cluster agree on valid()).
+template <int kCluster>
+struct TileSchedule {
+  int64_t num_tiles;
+
+  __device__ __forceinline__ int64_t index(int k) const {
+    const int64_t units = gridDim.x / kCluster;  // clusters in the grid
+    const int64_t cluster = blockIdx.x / kCluster;
+    const int64_t c = (k & 1) ? units - 1 - cluster : cluster;
+    // A 1-D grid of clusters along x: blockIdx.x % kCluster is the rank
+    // (%cluster_ctarank) the producer's share of each K/V tile follows.
+    return (int64_t(k) * units + c) * kCluster + blockIdx.x % kCluster;
+  }
+  // Rounds only grow, so the first invalid k ends the CTA's list.
+  __device__ __forceinline__ bool valid(int k) const { return index(k) < num_tiles; }
+};
+
+// The tile order's arguments for problem p on Tile: kv-grouped
+// (Tile::kKvGroupPairs pairs) where every tile visits every key tile, else
+// longest first. Packed, the "heads" of the order are the kv heads.
+template <class Tile>
+__device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p) {
+  const int pairs = kKvGroupedOrder && p.mask.keeps_all_pairs() ? Tile::kKvGroupPairs : 0;
+  const int heads = tile_heads(p);
+  return TileOrderArgs{p.B, heads, p.Hkv, p.num_tiles / p.num_splits / (p.B * heads), pairs};
+}
+
+// How many rows before row 0 the first query tile starts
+// (kEndAlignedCausalTiles): under a causal mask the last tile visits every
+// key tile and the first the fewest, so the rows that round Tq up to whole
+// tiles go before the first tile's rows rather than after the last's, in
+// whole warpgroups (64 rows: a warpgroup has rows either all before row 0
+// or all from row 0 on, the epilogue's unit). 0 without a causal mask
+// (every tile visits the same key tiles) and where Tq is a multiple of
+// kBlockM. Not on packed tiles (tile_coord), whose rows before 0 would not
+// be whole queries of every head.
+template <class Tile>
+__device__ __forceinline__ int query_tile_shift(const MaskPolicy& mask, int num_m) {
+  if (!kEndAlignedCausalTiles || !mask.causal) return 0;
+  const int spare_rows = num_m * Tile::kBlockM - mask.tq;  // in [0, kBlockM)
+  return spare_rows / kWgmmaM * kWgmmaM;
+}
+
+// The task of index `index`: work tile index / num_splits, its split
+// index % num_splits (the splits of a tile are consecutive tasks, so they
+// run side by side).
+template <class Tile>
+__device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const MaskPolicy& mask,
+                                                int index) {
+  constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+  TileCoord c;
+  const TileOrderArgs order = tile_order_args<Tile>(p);
+  c.split = index % p.num_splits;
+  const TileId id = tile_id(order, index / p.num_splits);
+  c.b = id.b;
+  // Packed: id.h is the kv head, and its first query head is hk << shift.
+  c.h = id.h << p.pack_shift;
+  c.hk = c.h / (p.H / p.Hkv);
+  c.m0 = id.m_block * kBlockM - (p.pack_shift > 0 ? 0 : query_tile_shift<Tile>(mask, order.num_m));
+  c.keys = mask.key_blocks(c.m0, kBlockM, kBlockN, p.pack_shift);
+  if (p.num_splits > 1) {
+    const KeyTileRange r = split_key_tiles(c.keys.first, c.keys.last, c.split, p.num_splits);
+    c.keys = BlockRange{r.first, r.last};
+  }
+  return c;
+}
+
+}  // namespace gqattn::hopper

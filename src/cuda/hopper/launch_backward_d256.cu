@@ -1,8 +1,0 @@
-// cuda-hopper: the backward kernels for head dimension 256 (bf16, f16; with and
-// without softcap), in their own translation unit for a parallel build.
-// Checked through tests/gpu/test_hopper_backward.cpp.
-#include "cuda/hopper/launch_backward.cuh"
-
-namespace gqattn::hopper::bwd {
-template void launch_backward<256>(const BackwardParams&, ElemType, void*);
-}  // namespace gqattn::hopper::bwd
