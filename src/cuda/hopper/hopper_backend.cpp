@@ -17,7 +17,6 @@
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
 #include "cuda/common/workspace.hpp"
-#include "cuda/flash/tile_sizes.hpp"
 #include "cuda/fused/problem_args.hpp"
 #include "cuda/hopper/backward/dq_choice.hpp"
 #include "cuda/hopper/backward/grid_order.hpp"

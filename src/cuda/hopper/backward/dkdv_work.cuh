@@ -6,8 +6,8 @@
 // grid order, tests/cpu/test_hopper_tile_order.cpp.
 #pragma once
 
-#include "cuda/flash/params.hpp"
 #include "cuda/fused/mask.cuh"
+#include "cuda/fused/params.hpp"
 #include "cuda/hopper/tile_order.hpp"
 
 namespace gqattn::hopper::bwd {

@@ -15,7 +15,6 @@
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
-#include "cuda/flash/tile_sizes.hpp"
 #include "cuda/fused/backward_preprocess.cuh"
 #include "cuda/hopper/backward/dkdv_kernel.cuh"
 #include "cuda/hopper/backward/dq_convert.cuh"

@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/flash/params.hpp"
+#include "cuda/fused/params.hpp"
 #include "cuda/hopper/backward/tile_sizes.hpp"
 #include "cuda/hopper/forward/tile_sizes.hpp"
 

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "cuda/flash/params.hpp"
+#include "cuda/fused/params.hpp"
 #include "cuda/fused/score_mode.hpp"
 
 namespace gqattn::hopper {
