@@ -105,16 +105,9 @@ __device__ __forceinline__ void signal_after_barrier(int* ptr, int v) {
       "r"(v)
       : "memory");
 }
-// *ptr += (x, y), two adjacent floats (8-byte aligned), result unused.
-__device__ __forceinline__ void red_add2(float* ptr, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(ptr), "f"(x), "f"(y) : "memory");
-#else
-  atomicAdd(ptr, x);
-  atomicAdd(ptr + 1, y);
-#endif
-}
 // ptr[0..3] += x, four adjacent floats (16-byte aligned), result unused.
+// Below sm90 (no red.v4.f32) four scalar reductions, in the same lane-major
+// order: docs/decisions/flash-dq-accum-lane-major-below-sm90.md.
 __device__ __forceinline__ void red_add4(float* ptr, const float (&x)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "f"(x[0]), "f"(x[1]),
@@ -351,13 +344,10 @@ __global__ void __launch_bounds__(
         ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + s.m_block : nullptr;
     const bool first = s.m_block < adds.first || s.m_block > adds.last;  // stores
     const int64_t warp_row0 = (int64_t(b) * p.H + h) * p.tq_padded + s.m_block * kBM + dq_row;
-    float* const acc_row =
-        p.dq_accum + (warp_row0 + fused::frag_row(lane)) * kD + dq_col + fused::frag_col(lane);
     // Fragment-major accumulator (dq_accum_layout.hpp): this lane's first
     // value in the 16 x 8 block at (warp_row0, dq_col).
-    constexpr DqBlockOrder kOrder = dq_block_order();
-    float* const acc_frag = p.dq_accum + dq_accum_block_offset(warp_row0, dq_col, kD) +
-                            dq_accum_in_block<kOrder>(lane, 0);
+    float* const acc_frag =
+        p.dq_accum + dq_accum_block_offset(warp_row0, dq_col, kD) + dq_accum_in_block(lane, 0);
 #pragma unroll
     for (int pass = 0; pass < kDqPasses; ++pass) {
       float acc_dq[kDqMT][kDqDT][4] = {};
@@ -384,61 +374,22 @@ __global__ void __launch_bounds__(
           while (ld_acquire_gpu(counter) != n_block) __nanosleep(kDqSpinNs);
         __syncwarp();
       }
-      // The C fragment (mt, dt): rows g and g + 8 of m16 tile mt, columns
-      // 2t, 2t + 1 of n8 tile dt of this pass.
-      auto element = [&](int mt, int dt, int half) {
-        return acc_row + (mt * fused::kMmaM + half * fused::kFragRowHalf) * kD +
-               pass * kDqColsPerPass + dt * fused::kMmaN;
-      };
-      // The block of fragment (mt, dt) of this pass, fragment-major.
+      // The block of fragment (mt, dt) of this pass: one 16-byte store or
+      // reduction per lane (docs/decisions/flash-dq-accum-fragment-major.md).
       auto fragment = [&](int mt, int dt) {
         return acc_frag + dq_accum_block_offset(mt * fused::kMmaM,
                                                 pass * kDqColsPerPass + dt * fused::kMmaN, kD);
       };
-      if constexpr (kDqAccumFragmentMajor && kOrder == DqBlockOrder::kLaneMajor) {
 #pragma unroll
-        for (int mt = 0; mt < kDqMT; ++mt)
+      for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
-          for (int dt = 0; dt < kDqDT; ++dt) {
-            if (first)
-              *reinterpret_cast<float4*>(fragment(mt, dt)) = make_float4(
-                  acc_dq[mt][dt][0], acc_dq[mt][dt][1], acc_dq[mt][dt][2], acc_dq[mt][dt][3]);
-            else
-              red_add4(fragment(mt, dt), acc_dq[mt][dt]);
-          }
-      } else if constexpr (kDqAccumFragmentMajor) {
-        // Value-major: value v of the 32 lanes is one 128-byte line.
-        constexpr int kValueStride = dq_accum_in_block<kOrder>(0, 1);
-#pragma unroll
-        for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-          for (int dt = 0; dt < kDqDT; ++dt)
-#pragma unroll
-            for (int v = 0; v < kDqLaneFloats; ++v) {
-              if (first)
-                fragment(mt, dt)[v * kValueStride] = acc_dq[mt][dt][v];
-              else
-                atomicAdd(fragment(mt, dt) + v * kValueStride, acc_dq[mt][dt][v]);
-            }
-      } else if (first) {
-#pragma unroll
-        for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-          for (int dt = 0; dt < kDqDT; ++dt)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-              *reinterpret_cast<float2*>(element(mt, dt, half)) =
-                  make_float2(acc_dq[mt][dt][2 * half], acc_dq[mt][dt][2 * half + 1]);
-      } else {
-#pragma unroll
-        for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-          for (int dt = 0; dt < kDqDT; ++dt)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-              red_add2(element(mt, dt, half), acc_dq[mt][dt][2 * half],
-                       acc_dq[mt][dt][2 * half + 1]);
-      }
+        for (int dt = 0; dt < kDqDT; ++dt) {
+          if (first)
+            *reinterpret_cast<float4*>(fragment(mt, dt)) = make_float4(
+                acc_dq[mt][dt][0], acc_dq[mt][dt][1], acc_dq[mt][dt][2], acc_dq[mt][dt][3]);
+          else
+            red_add4(fragment(mt, dt), acc_dq[mt][dt]);
+        }
     }
     return counter;
   };

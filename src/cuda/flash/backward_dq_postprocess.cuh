@@ -6,8 +6,8 @@
 // 0. Atomic (no counters): the accumulator was zeroed, so every row is read. Checked through the
 // ordered- and atomic-dQ tests in tests/gpu/test_flash_correctness.cpp.
 //
-// One thread per 8 elements of a row (four 8-byte loads fragment-major, two
-// 16-byte loads row-major; one 16-byte store).
+// One thread per 8 elements of a row (four 8-byte loads, one 16-byte
+// store).
 #pragma once
 
 #include <cstdint>
@@ -42,24 +42,12 @@ __global__ void __launch_bounds__(kDqPostThreads)
   float x[fused::kElemsPerChunk] = {};
   if (visited) {
     const float s = p.score.scale;
-    constexpr DqBlockOrder kOrder = dq_block_order();
-    if constexpr (kDqAccumFragmentMajor && kOrder == DqBlockOrder::kLaneMajor) {
-      // Columns 2k, 2k + 1 of the chunk are adjacent (one lane's pair).
+    // Columns 2k, 2k + 1 of the chunk are adjacent (one lane's pair).
 #pragma unroll
-      for (int k = 0; k < fused::kElemsPerChunk / 2; ++k) {
-        const float2 u = *reinterpret_cast<const float2*>(
-            p.dq_accum + dq_accum_offset<kOrder>(row, chunk * fused::kElemsPerChunk + 2 * k, kD));
-        x[2 * k] = u.x * s, x[2 * k + 1] = u.y * s;
-      }
-    } else if constexpr (kDqAccumFragmentMajor) {
-#pragma unroll
-      for (int k = 0; k < fused::kElemsPerChunk; ++k)
-        x[k] = p.dq_accum[dq_accum_offset<kOrder>(row, chunk * fused::kElemsPerChunk + k, kD)] * s;
-    } else {
-      const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row * kD) + 2 * chunk;
-      const float4 u = src[0], w = src[1];
-      x[0] = u.x * s, x[1] = u.y * s, x[2] = u.z * s, x[3] = u.w * s;
-      x[4] = w.x * s, x[5] = w.y * s, x[6] = w.z * s, x[7] = w.w * s;
+    for (int k = 0; k < fused::kElemsPerChunk / 2; ++k) {
+      const float2 u = *reinterpret_cast<const float2*>(
+          p.dq_accum + dq_accum_offset(row, chunk * fused::kElemsPerChunk + 2 * k, kD));
+      x[2 * k] = u.x * s, x[2 * k + 1] = u.y * s;
     }
   }
   uint4 out;

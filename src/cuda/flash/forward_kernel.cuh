@@ -139,8 +139,10 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
     if (n_block > range.first) load_k(n_block - 1);
     cp_async_commit();
 
+    // O rescaled at every key tile, not lazily:
+    // docs/decisions/flash-forward-lazy-rescale.md.
     if constexpr (kRowMax)
-      softmax.template update<Tile::kLazyRescale>(s, acc_o);
+      softmax.template update</*kLazy=*/false>(s, acc_o);
     else
       softmax.update_unshifted(s);
 
