@@ -82,6 +82,7 @@
 #include "cuda/flash/tile_sizes.hpp"
 #include "cuda/fused/fragment.cuh"
 #include "cuda/fused/mask.cuh"
+#include "cuda/fused/softcap.cuh"
 
 namespace gqattn::flash {
 

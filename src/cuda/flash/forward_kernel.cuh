@@ -28,6 +28,7 @@
 #include "cuda/fused/fragment.cuh"
 #include "cuda/fused/mask.cuh"
 #include "cuda/fused/score_mode.hpp"
+#include "cuda/fused/softcap.cuh"
 #include "cuda/fused/softmax.cuh"
 
 namespace gqattn::flash {

@@ -1,23 +1,25 @@
-// cuda-hopper: the forward's logit soft-cap, in two forms, one per softcap
-// ScoreMode (flash/score_mode.hpp):
-// - softcap (running row maximum): tanh with one special-function (MUFU) op
-//   per element, below. cuda-flash's softcap_tanh (mask.cuh) costs two (ex2
-//   and rcp, softcap_r); with the softmax's ex2 that made three MUFU
-//   ops per score, and the MUFU pipe (16 results per clock per SM) bounded
-//   that softcapped forward. Here the reciprocal is computed on the FMA pipe.
-// - softcap_without_row_max: the exponents v mult directly, in the same
-//   one-MUFU form (apply_softcap_1mufu<true>) or in cuda-flash's two-MUFU form
-//   (softcap_exponents), per ForwardTile::kTwoMufuSoftcapExponents;
-//   or, on warp tiles whose logits all lie within 0.625 cap, by the
-//   polynomial of flash/softcap_poly.hpp with no MUFU op (kSoftcapPoly,
-//   softcap_poly_applies and softcap_exponents_poly at the end of this file;
-//   the running-maximum mode likewise, softcap_tanh_poly).
-// Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp
-// (softcap cases) and, on the host, against std::tanh over |y| <= 30 for
-// several pre factors: absolute error <= 1.5e-7 (cuda-flash's: 1.9e-7;
-// tanhf: 1.1e-7), exact 0 at 0, +-1 at +-inf, |result| <= 1.
+// The logit soft-cap of the fused kernels, v = tanh(s pre) (ScoreArgs: the
+// capped logit is cap * v), in three forms, each applied to a warp's
+// accumulator tiles by one loop (for_each_score):
+// - two special-function (MUFU) ops per score, ex2 and rcp (softcap_r):
+//   softcap_tanh, apply_softcap, softcap_exponents. cuda-flash's forward and
+//   backward, cuda-hopper's backward.
+// - one MUFU op per score, the reciprocal on the FMA pipe (softcap_tanh_1mufu,
+//   apply_softcap_1mufu): cuda-hopper's forward, where two MUFU ops plus the
+//   softmax's ex2 bounded the softcapped kernel (the MUFU pipe gives 16
+//   results per clock per SM).
+// - none, on warp tiles whose logits all lie within 0.625 cap: the
+//   polynomial of softcap_poly.hpp (softcap_poly_applies,
+//   softcap_exponents_poly, softcap_tanh_poly).
+// The *_exponents forms give v mult directly, for
+// ScoreMode::softcap_without_row_max (score_mode.hpp). Checked against the
+// f64 oracle by tests/gpu/test_flash_*.cpp and test_hopper_forward.cpp
+// (softcap cases) and, the one-MUFU form on the host, against std::tanh over
+// |y| <= 30 for several pre factors: absolute error <= 1.5e-7 (the two-MUFU
+// form's: 1.9e-7; tanhf: 1.1e-7), exact 0 at 0, +-1 at +-inf, |result| <= 1.
 //
-// With y = x * pre and e = 2^(-2 |y| log2 e) = exp(-2|y|) in [0, 1]:
+// The one-MUFU form: with y = x * pre and e = 2^(-2 |y| log2 e) = exp(-2|y|)
+// in [0, 1]:
 //   tanh(|y|) = (1 - e) / (1 + e),  1 + e in [1, 2].
 // 1 / (1 + e) starts from the minimax quadratic r0(e) = (98 - 80 e + 32 e^2)
 // / 99, whose relative error is -T3(2e - 1) / 99 (at most 1/99), then two
@@ -33,10 +35,62 @@
 namespace gqattn::fused {
 
 constexpr float kSoftcapLog2e = 1.4426950408889634f;
+constexpr float kSoftcapTwoLog2e = 2.0f * kSoftcapLog2e;
 constexpr float kRecipDen = 99.0f;  // the quadratic's denominator (Chebyshev T3 at -3)
 constexpr float kRecipC0 = 98.0f / kRecipDen;
 constexpr float kRecipC1 = -80.0f / kRecipDen;
 constexpr float kRecipC2 = 32.0f / kRecipDen;
+
+// acc = f(acc) on every element of a warp's accumulator tiles: the one loop
+// every form below runs.
+template <int kMT, int kNT, typename F>
+__device__ __forceinline__ void for_each_score(float (&acc)[kMT][kNT][4], F f) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = f(acc[mt][nt][e]);
+}
+
+// r = 1 / (e^(2y) + 1) for y = s pre, given k = 2 log2(e) pre: one ex2 and
+// one rcp on the special function unit (rcp.approx: relative error 2^-23).
+// Every two-MUFU form is built on it: tanh(y) = 1 - 2r, the forward's
+// exponent mult tanh(y) = mult - 2 mult r, and the backward's 1 - tanh^2 =
+// 4 r (1 - r). e^(2y) overflowing to +inf gives r = 0 (tanh +1), e^(2y) = 0
+// gives r = 1 (tanh -1): exact at the extremes, no NaN.
+__device__ __forceinline__ float softcap_r(float s, float k) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fast_exp2(s * k) + 1.0f));
+  return r;
+}
+
+// tanh(x) through softcap_r: absolute error about 1e-7 (the accuracy the
+// logits need; tanh.approx's 2^-11 would not pass the bf16 tolerance with
+// cap 30).
+__device__ __forceinline__ float softcap_tanh(float x) {
+  return fmaf(softcap_r(x, kSoftcapTwoLog2e), -2.0f, 1.0f);
+}
+
+// v = tanh(s * pre) on every element, two MUFU ops each.
+template <int kMT, int kNT>
+__device__ __forceinline__ void apply_softcap(float (&acc)[kMT][kNT][4], float pre) {
+  for_each_score(acc, [pre](float x) { return softcap_tanh(x * pre); });
+}
+
+// The exponents v mult (v = tanh(s pre)) on every element, for
+// ScoreMode::softcap_without_row_max (score_mode.hpp): mult folded into
+// softcap_tanh's last step, mult tanh(y) = mult - 2 mult r: mul, ex2, add,
+// rcp, fma.
+template <int kMT, int kNT>
+__device__ __forceinline__ void softcap_exponents(float (&acc)[kMT][kNT][4], float pre,
+                                                  float mult) {
+  const float k = kSoftcapTwoLog2e * pre;
+  const float minus_two_mult = -2.0f * mult;
+  for_each_score(acc, [k, minus_two_mult, mult](float x) {
+    return fmaf(softcap_r(x, k), minus_two_mult, mult);
+  });
+}
 
 // The factor that maps a raw score x to the ex2 argument -2 |x pre| log2 e;
 // pre = scale / cap > 0 (validated), so |x pre| = |x| pre.
@@ -58,21 +112,14 @@ __device__ __forceinline__ float softcap_tanh_1mufu(float x, float k, float out 
   return copysignf(t, x);
 }
 
-// acc = out * tanh(acc * pre) on every element. kScaled false: v = tanh
-// (ScoreArgs: the capped logit is cap * v), apply_softcap's contract;
-// true with out = mult: the exponents v * mult of the no-offset softmax
-// (flash/score_mode.hpp), at the cost of the plain tanh.
+// acc = out * tanh(acc * pre) on every element. kScaled false: v = tanh,
+// apply_softcap's contract; true with out = mult: the exponents v * mult of
+// the no-offset softmax (score_mode.hpp), at the cost of the plain tanh.
 template <bool kScaled = false, int kMT, int kNT>
 __device__ __forceinline__ void apply_softcap_1mufu(float (&acc)[kMT][kNT][4], float pre,
                                                     float out = 1.0f) {
   const float k = softcap_ex2_factor(pre);
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        acc[mt][nt][e] = softcap_tanh_1mufu<kScaled>(acc[mt][nt][e], k, out);
+  for_each_score(acc, [k, out](float x) { return softcap_tanh_1mufu<kScaled>(x, k, out); });
 }
 
 // max |acc| over the elements [kFirst, kFirst + kCount) of the flattened
@@ -99,34 +146,23 @@ __device__ __forceinline__ bool softcap_poly_applies(const float (&acc)[kMT][kNT
   return __all_sync(0xffffffffu, abs_max_tree<0, kMT * kNT * 4>(acc) <= bound);
 }
 
-// acc = mult tanh(acc pre) by the polynomial (flash/softcap_poly.hpp), the
+// acc = mult tanh(acc pre) by the polynomial (softcap_poly.hpp), the
 // no-offset softmax's exponents; coef = ScoreArgs::poly_exponent (mult
 // folded in). Only where softcap_poly_applies: mul, mul, 4 fma, mul.
 template <int kMT, int kNT>
 __device__ __forceinline__ void softcap_exponents_poly(float (&acc)[kMT][kNT][4], float pre,
                                                        const float (&coef)[kSoftcapPolyTerms]) {
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float y = acc[mt][nt][e] * pre;
-        acc[mt][nt][e] = y * softcap_poly_factor(y * y, coef);
-      }
+  for_each_score(acc, [pre, &coef](float x) {
+    const float y = x * pre;
+    return y * softcap_poly_factor(y * y, coef);
+  });
 }
 
 // acc = tanh(acc pre) by the polynomial, the running-maximum softcap mode's
-// v (ScoreArgs: the capped logit is cap * v). Only where
-// softcap_poly_applies: mul, mul, 4 fma, mul.
+// v. Only where softcap_poly_applies: mul, mul, 4 fma, mul.
 template <int kMT, int kNT>
 __device__ __forceinline__ void softcap_tanh_poly(float (&acc)[kMT][kNT][4], float pre) {
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = softcap_poly_tanh(acc[mt][nt][e] * pre);
+  for_each_score(acc, [pre](float x) { return softcap_poly_tanh(x * pre); });
 }
 
 }  // namespace gqattn::fused

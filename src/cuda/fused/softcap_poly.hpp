@@ -1,7 +1,7 @@
 // tanh of small arguments on the FMA pipe, for the softcapped kernels whose
 // special-function (MUFU) pipe, not their GEMMs, bounds them. Every other
-// softcap form spends one or two MUFU ops per score on tanh (mask.cuh's
-// softcap_r: ex2 + rcp; hopper/softcap.cuh: ex2) on top of the softmax's
+// softcap form spends one or two MUFU ops per score on tanh (softcap.cuh:
+// softcap_r, ex2 + rcp; softcap_tanh_1mufu, ex2) on top of the softmax's
 // ex2. For |y| <= kSoftcapPolyMaxY an odd polynomial needs none:
 //   tanh(y) = y p(y^2),  p a degree-4 minimax fit of tanh(y) / y.
 // Where it applies: the kernels test the raw scores of a warp's tile against
