@@ -27,14 +27,20 @@ void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, co
               const TensorRef& dk, const TensorRef& dv, const Options& options = {});
 
 // Whether `backend` can run `pass` of `problem` with tensors of `dtype` on
-// `device`. For Backend::Auto, `chosen` names the backend Auto would pick.
+// `device`, and how. For Backend::Auto, `chosen` names the backend Auto
+// would pick. `options` matters where the plan depends on it
+// (Options::deterministic: cuda-flash's dQ path).
 struct Explanation {
   bool supported = false;
   Backend chosen = Backend::Auto;
   std::string reason;  // empty when supported; otherwise why not (per backend for Auto)
+  // When supported: the plan the chosen backend would run, in one line
+  // (tile, score mode, splits, dQ path, workspace, ...); "" for a backend
+  // with nothing to choose.
+  std::string plan;
 };
 Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend,
-                    Pass pass = Pass::forward);
+                    Pass pass = Pass::forward, const Options& options = {});
 
 const char* backend_name(Backend backend);  // "cpu", "cuda-unfused", ...
 // Parses a backend name as backend_name prints it, or "auto"; throws Error otherwise.

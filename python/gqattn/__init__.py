@@ -46,20 +46,25 @@ def _dtype_name(dtype):
 
 
 def explain(B, Tq, Tk, H, Hkv, d, *, causal=False, window=0, softcap=0.0, scale=None,
-            dtype="bfloat16", device="cuda", backend="auto", backward=False):
+            dtype="bfloat16", device="cuda", backend="auto", backward=False,
+            deterministic=True):
     """Whether ``backend`` can run this problem's forward (or, with
-    ``backward=True``, its backward), without running it.
+    ``backward=True``, its backward), without running it, and how.
 
-    Returns ``{"supported": bool, "chosen": backend name, "reason": str}``;
-    for ``backend="auto"``, ``chosen`` is the backend Auto would pick and
-    ``reason`` says, per backend, why the faster ones would not run. A
-    backend may support one pass and not the other, so Auto can pick
-    different backends for forward and backward.
-    ``dtype`` may be a name ("bfloat16"), a numpy or a torch dtype.
+    Returns ``{"supported": bool, "chosen": backend name, "reason": str,
+    "plan": str}``; for ``backend="auto"``, ``chosen`` is the backend Auto
+    would pick and ``reason`` says, per backend, why the faster ones would
+    not run. ``plan`` is one line on what the chosen backend would run (its
+    tile, score mode, split count, dQ path, workspace; "" for a backend with
+    nothing to choose). A backend may support one pass and not the other,
+    so Auto can pick different backends for forward and backward.
+    ``dtype`` may be a name ("bfloat16"), a numpy or a torch dtype;
+    ``deterministic=False`` explains a call that allows a faster
+    non-deterministic path.
     """
     return _ext.explain(B, Tq, Tk, H, Hkv, d, causal=causal, window=window, softcap=softcap,
                         scale=scale, dtype=_dtype_name(dtype), device=str(device),
-                        backend=backend, backward=backward)
+                        backend=backend, backward=backward, deterministic=deterministic)
 
 
 def oracle_forward(q, k, v, *, causal=False, window=0, softcap=0.0, scale=None):

@@ -359,7 +359,7 @@ gqattn::Device parse_device(const std::string& name) {
 nb::dict explain(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t d, bool causal,
                  int64_t window, float softcap, std::optional<float> scale,
                  const std::string& dtype, const std::string& device, const std::string& backend,
-                 bool backward) {
+                 bool backward, bool deterministic) {
   gqattn::Problem p;
   p.B = B;
   p.Tq = Tq;
@@ -371,13 +371,16 @@ nb::dict explain(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int6
   p.window = window;
   p.softcap = softcap;
   p.scale = scale;
+  gqattn::Options options;
+  options.deterministic = deterministic;
   const gqattn::Explanation e =
       gqattn::explain(p, parse_dtype(dtype), parse_device(device), gqattn::parse_backend(backend),
-                      backward ? gqattn::Pass::backward : gqattn::Pass::forward);
+                      backward ? gqattn::Pass::backward : gqattn::Pass::forward, options);
   nb::dict out;
   out["supported"] = e.supported;
   out["chosen"] = gqattn::backend_name(e.chosen);
   out["reason"] = e.reason;
+  out["plan"] = e.plan;
   return out;
 }
 
@@ -491,6 +494,7 @@ NB_MODULE(_ext, m) {
   m.def("explain", &explain, "B"_a, "Tq"_a, "Tk"_a, "H"_a, "Hkv"_a, "d"_a, nb::kw_only(),
         "causal"_a = false, "window"_a = 0, "softcap"_a = 0.0f, "scale"_a.none() = nb::none(),
         "dtype"_a = "bfloat16", "device"_a = "cuda", "backend"_a = "auto", "backward"_a = false,
+        "deterministic"_a = true,
         "Whether `backend` can run the problem's forward (or, with backward=True, its "
         "backward): {'supported', 'chosen', 'reason'}.");
   m.def("backend_status", &backend_status,

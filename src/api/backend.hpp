@@ -3,6 +3,8 @@
 // Dispatch (src/api/dispatch.cpp) validates the arguments once, resolves the
 // scale, then asks each backend `why_not`; a backend runs only problems for
 // which it answered "". Backends never re-validate what validate.cpp checks.
+// A fused backend decides its plan for a call once (its plan.hpp); why_not,
+// describe_plan and the pass itself all read that one plan.
 #pragma once
 
 #include <string>
@@ -43,6 +45,17 @@ class BackendImpl {
     (void)tensor;
     (void)name;
     (void)pass;
+    return "";
+  }
+  // The plan the backend would run `pass` of `problem` with, in one line
+  // (explain() shows it): "" for a backend with nothing to choose, or when
+  // why_not refuses the problem.
+  virtual std::string describe_plan(const Problem& problem, DType dtype, Pass pass,
+                                    const Options& options) const {
+    (void)problem;
+    (void)dtype;
+    (void)pass;
+    (void)options;
     return "";
   }
   virtual void forward(const ForwardArgs& args) const = 0;

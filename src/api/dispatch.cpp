@@ -135,8 +135,8 @@ void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, co
   impl->backward(BackwardArgs{resolved(problem), q, k, v, o, lse, dout, dq, dk, dv, options});
 }
 
-Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend,
-                    Pass pass) {
+Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend, Pass pass,
+                    const Options& options) {
   Explanation out;
   try {
     detail::validate_problem(problem);
@@ -148,6 +148,8 @@ Explanation explain(const Problem& problem, DType dtype, Device device, Backend 
   out.supported = choice.impl != nullptr;
   out.chosen = choice.impl ? choice.impl->id() : backend;
   out.reason = choice.reason;
+  if (choice.impl != nullptr)
+    out.plan = choice.impl->describe_plan(detail::resolved(problem), dtype, pass, options);
   return out;
 }
 

@@ -15,21 +15,18 @@ namespace {
 using gqattn::flash::dq_accum_block_offset;
 using gqattn::flash::dq_accum_in_block;
 using gqattn::flash::dq_accum_offset;
-using gqattn::flash::dq_block_order;
-using gqattn::flash::DqBlockOrder;
 using gqattn::flash::kDqBlockCols;
 using gqattn::flash::kDqBlockRows;
 
 constexpr int kLanes = 32;
 
-template <DqBlockOrder kOrder>
-void expect_bijection() {
+TEST(FlashDqAccumLayout, EveryIndexHasExactlyOneElement) {
   for (const int d : {64, 128, 256}) {
     const int64_t rows = 3 * 64;  // three 64-row query tiles of one (b, h), then the next
     std::vector<int> hits(size_t(rows * d), 0);
     for (int64_t row = 0; row < rows; ++row)
       for (int col = 0; col < d; ++col) {
-        const int64_t i = dq_accum_offset<kOrder>(row, col, d);
+        const int64_t i = dq_accum_offset(row, col, d);
         ASSERT_GE(i, 0) << "d " << d << " row " << row << " col " << col;
         ASSERT_LT(i, rows * d) << "d " << d << " row " << row << " col " << col;
         ++hits[size_t(i)];
@@ -38,17 +35,11 @@ void expect_bijection() {
   }
 }
 
-TEST(FlashDqAccumLayout, EveryIndexHasExactlyOneElement) {
-  expect_bijection<DqBlockOrder::kLaneMajor>();
-  expect_bijection<DqBlockOrder::kValueMajor>();
-}
-
 // What the kernel writes: lane l's C fragment of the m16n8 block at (row0,
 // col0) holds rows row0 + g, row0 + g + 8 and columns col0 + 2t, col0 + 2t +
 // 1 (g = l / 4, t = l % 4; values 0, 1 on the first row, 2, 3 on the
 // second), at the block's offset plus dq_accum_in_block(l, v).
-template <DqBlockOrder kOrder>
-void expect_fragments_where_read() {
+TEST(FlashDqAccumLayout, KernelFragmentsLandWhereThePostprocessReads) {
   for (const int d : {64, 128, 256})
     for (int64_t row0 = 0; row0 < 128; row0 += kDqBlockRows)
       for (int col0 = 0; col0 < d; col0 += kDqBlockCols)
@@ -56,46 +47,25 @@ void expect_fragments_where_read() {
           for (int v = 0; v < 4; ++v) {
             const int64_t row = row0 + lane / 4 + (v / 2) * 8;
             const int col = col0 + (lane % 4) * 2 + v % 2;
-            EXPECT_EQ(dq_accum_block_offset(row0, col0, d) + dq_accum_in_block<kOrder>(lane, v),
-                      dq_accum_offset<kOrder>(row, col, d))
+            EXPECT_EQ(dq_accum_block_offset(row0, col0, d) + dq_accum_in_block(lane, v),
+                      dq_accum_offset(row, col, d))
                 << "d " << d << " block (" << row0 << ", " << col0 << ") lane " << lane << " v "
                 << v;
           }
 }
 
-TEST(FlashDqAccumLayout, KernelFragmentsLandWhereThePostprocessReads) {
-  expect_fragments_where_read<DqBlockOrder::kLaneMajor>();
-  expect_fragments_where_read<DqBlockOrder::kValueMajor>();
-}
-
-// Lane-major: the kernel adds a lane's four values with one 16-byte
-// reduction, and the postprocess reads a column pair as one 8-byte load:
-// both must be aligned and contiguous.
-TEST(FlashDqAccumLayout, LaneMajorValuesAreContiguousAndAligned) {
-  constexpr DqBlockOrder kLane = DqBlockOrder::kLaneMajor;
+// The kernel adds a lane's four values with one 16-byte reduction, and the
+// postprocess reads a column pair as one 8-byte load: both must be aligned
+// and contiguous.
+TEST(FlashDqAccumLayout, LaneValuesAreContiguousAndAligned) {
   for (const int d : {64, 128, 256})
     for (int64_t row = 0; row < 32; ++row)
       for (int col = 0; col < d; col += 2) {
-        const int64_t i = dq_accum_offset<kLane>(row, col, d);
+        const int64_t i = dq_accum_offset(row, col, d);
         EXPECT_EQ(i % 2, 0) << "d " << d << " row " << row << " col " << col;
-        EXPECT_EQ(dq_accum_offset<kLane>(row, col + 1, d), i + 1);
+        EXPECT_EQ(dq_accum_offset(row, col + 1, d), i + 1);
       }
-  for (int lane = 0; lane < kLanes; ++lane) EXPECT_EQ(dq_accum_in_block<kLane>(lane, 0) % 4, 0);
-}
-
-// Value-major: one value of the 32 lanes is 32 contiguous floats (one
-// 128-byte line per warp-wide scalar reduction).
-TEST(FlashDqAccumLayout, ValueMajorValuesOfAWarpAreOneLine) {
-  constexpr DqBlockOrder kValue = DqBlockOrder::kValueMajor;
-  for (int v = 0; v < 4; ++v)
-    for (int lane = 0; lane < kLanes; ++lane)
-      EXPECT_EQ(dq_accum_in_block<kValue>(lane, v), dq_accum_in_block<kValue>(0, v) + lane);
-  EXPECT_EQ(dq_accum_in_block<kValue>(0, 1), kLanes);
-}
-
-// The host (and sm90) use lane-major.
-TEST(FlashDqAccumLayout, TheHostOrderIsLaneMajor) {
-  EXPECT_EQ(dq_block_order(), DqBlockOrder::kLaneMajor);
+  for (int lane = 0; lane < kLanes; ++lane) EXPECT_EQ(dq_accum_in_block(lane, 0) % 4, 0);
 }
 
 }  // namespace

@@ -19,15 +19,13 @@ using gqattn::flash::kOrderedDqSmallD256MinKeys;
 TEST(FlashDqDefault, OrderedForD64AndD128) {
   for (bool causal : {false, true})
     for (long long tk : {1LL, 1024LL, 16384LL}) {
-      // d64 is separate only on its old 64-query dK/dV tile (tile_sizes.hpp).
-      EXPECT_EQ(default_dq_strategy(64, causal, tk),
-                gqattn::flash::kDkdvD64QueryTile128 ? DqStrategy::kOrdered : DqStrategy::kSeparate);
+      EXPECT_EQ(default_dq_strategy(64, causal, tk), DqStrategy::kOrdered);
       EXPECT_EQ(default_dq_strategy(128, causal, tk), DqStrategy::kOrdered);
     }
 }
 
 // d256: ordered from 2048 keys under a causal mask, from 8192 without
-// (the measurements in tile_sizes.hpp: causal T2k 205 vs 188, non-causal
+// (docs/decisions/flash-default-dq-strategy.md: causal T2k 205 vs 188, non-causal
 // T4k a tie, T16k 246 vs 205).
 TEST(FlashDqDefault, D256OrderedForLongProblems) {
   EXPECT_EQ(kOrderedDqD256MinKeysCausal, 2048);

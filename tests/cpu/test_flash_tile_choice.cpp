@@ -5,7 +5,7 @@
 // 99 KB, an H100 / H200 227 KB. Where the default does not fit, the largest
 // smaller tile that does runs: d64 and d128's small tiles fit sm86 / sm89;
 // d256's small one fits sm80, its smaller one sm86 / sm89. The GPU tests run
-// them on the H200 through GQATTN_FLASH_DKDV_TILE=small and =smaller
+// them on the H200 with the tile forced through the plan override
 // (tests/gpu/test_flash_correctness.cpp).
 #include <gtest/gtest.h>
 
@@ -27,7 +27,6 @@ constexpr std::size_t kSm90OptinSmem = 227 * kKB;
 using S = DkdvTileSize;
 
 TEST(FlashTileChoice, D64TakesTheSmallTileOnlyWhereTheDefaultDoesNotFit) {
-  if (smallest_dkdv_tile(64) == S::kDefault) GTEST_SKIP() << "kDkdvD64QueryTile128 is off";
   EXPECT_EQ(dkdv_tile_for_device(64, kSm86OptinSmem), S::kSmall);
   EXPECT_EQ(dkdv_tile_for_device(64, kSm80OptinSmem), S::kDefault);
   EXPECT_EQ(dkdv_tile_for_device(64, kSm90OptinSmem), S::kDefault);
@@ -52,7 +51,7 @@ TEST(FlashTileChoice, D256TakesTheSmallTileOnSm80AndTheSmallerOnSm86) {
 }
 
 // A size d has no tile for falls back to d's smallest (what the testing
-// switch GQATTN_FLASH_DKDV_TILE=smaller gives at d64 and d128).
+// override dkdv_tile=smaller gives at d64 and d128).
 TEST(FlashTileChoice, SizesClampToTheSmallestTileOfD) {
   EXPECT_EQ(smallest_dkdv_tile(128), S::kSmall);
   EXPECT_EQ(smallest_dkdv_tile(256), S::kSmaller);

@@ -9,11 +9,9 @@
 
 namespace {
 
-using gqattn::hopper::kPackGqa;
 using gqattn::hopper::pack_gqa_shift;
 
 TEST(HopperPackGqa, PacksShortQueriesOfPowerOfTwoGroups) {
-  if (!kPackGqa) GTEST_SKIP() << "pack_gqa.hpp kPackGqa is off";
   EXPECT_EQ(pack_gqa_shift(128, 1, 32, 8), 2);   // decoding, G = 4
   EXPECT_EQ(pack_gqa_shift(128, 1, 32, 1), 5);   // multi-query, G = 32
   EXPECT_EQ(pack_gqa_shift(128, 1, 64, 1), 6);   // G = 64, the largest

@@ -1,30 +1,23 @@
 // cuda-hopper's split-KV forward, its host side (src/cuda/hopper/
 // split_kv.hpp, checked here without a GPU): the rule (split only where the
 // work tiles fill at most half the SMs, into as many splits as fill them,
-// each of at least kSplitKvMinKeyTiles key tiles), GQATTN_HOPPER_SPLIT_KV
-// and its errors, and the key-tile ranges, which must cover a tile's key
-// tiles exactly once, in order. The kernels: tests/gpu/test_hopper_forward.cpp.
+// each of at least kSplitKvMinKeyTiles key tiles) and the key-tile ranges,
+// which must cover a tile's key tiles exactly once, in order (forced counts:
+// test_hopper_plan.cpp). The kernels: tests/gpu/test_hopper_forward.cpp.
 #include <gtest/gtest.h>
 
-#include <string>
-
 #include "cuda/hopper/forward/split_kv.hpp"
-#include "gqattn/error.hpp"
-#include "scoped_env.hpp"
 
 namespace {
 
 using gqattn::hopper::KeyTileRange;
-using gqattn::hopper::kSplitKv;
 using gqattn::hopper::kSplitKvMaxSplits;
 using gqattn::hopper::split_key_tiles;
-using gqattn::hopper::split_kv_count;
 using gqattn::hopper::split_kv_rule;
 
 constexpr int kSms = 132;  // an H200
 
 TEST(HopperSplitKv, RuleFillsIdleSmsWithLongEnoughRanges) {
-  if (!kSplitKv) GTEST_SKIP() << "split_kv.hpp kSplitKv is off";
   EXPECT_EQ(split_kv_rule(64, 64, kSms), 2);  // B8 H32/8 decoding, packed: 64 tiles
   EXPECT_EQ(split_kv_rule(8, 64, kSms), 16);  // B8 MQA: capped at kSplitKvMaxSplits
   EXPECT_EQ(split_kv_rule(16, 64, kSms), 8);  // 8 x 16 = 128 tasks
@@ -37,29 +30,6 @@ TEST(HopperSplitKv, RuleLeavesFullOrShortProblems) {
   EXPECT_EQ(split_kv_rule(512, 32, kSms), 1);  // the benchmark's B16 T1k
   EXPECT_EQ(split_kv_rule(1, 7, kSms), 1);     // too few key tiles for two ranges
   EXPECT_EQ(split_kv_rule(0, 64, kSms), 1);    // no work
-}
-
-TEST(HopperSplitKv, SwitchForcesACountAndRejectsOthers) {
-  {
-    const gqattn::test::ScopedEnv unset("GQATTN_HOPPER_SPLIT_KV", nullptr);
-    EXPECT_EQ(split_kv_count(8, 64, kSms), split_kv_rule(8, 64, kSms));
-  }
-  {
-    const gqattn::test::ScopedEnv three("GQATTN_HOPPER_SPLIT_KV", "3");
-    EXPECT_EQ(split_kv_count(1000, 1, kSms), 3);
-  }
-  for (const char* bad : {"0", "17", "two", "3x", "-1"}) {
-    const gqattn::test::ScopedEnv env("GQATTN_HOPPER_SPLIT_KV", bad);
-    try {
-      split_kv_count(8, 64, kSms);
-      FAIL() << "GQATTN_HOPPER_SPLIT_KV=" << bad << " was accepted";
-    } catch (const gqattn::Error& e) {
-      EXPECT_EQ(e.argument(), std::string("GQATTN_HOPPER_SPLIT_KV = '") + bad + "'");
-      EXPECT_NE(std::string(e.what()).find("from 1 to " + std::to_string(kSplitKvMaxSplits)),
-                std::string::npos)
-          << e.what();
-    }
-  }
 }
 
 TEST(HopperSplitKv, RangesCoverEveryKeyTileOnceInOrder) {

@@ -132,5 +132,14 @@ int max_active_clusters(const void* kernel, int cluster_ctas, int threads, std::
   return clusters;
 }
 
+DeviceLimits current_device_limits(int min_major, int min_minor) {
+  DeviceLimits limits;
+  if (!why_no_device(min_major, min_minor).empty()) return limits;
+  const DeviceProperties& props = current_device_properties();
+  limits.multiprocessors = props.multiprocessors;
+  limits.smem_per_block = props.max_shared_per_block_optin;
+  return limits;
+}
+
 }  // namespace cuda
 }  // namespace gqattn

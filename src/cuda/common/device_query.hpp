@@ -26,6 +26,17 @@ struct DeviceProperties {
 // Properties of the current device, cached per device.
 const DeviceProperties& current_device_properties();
 
+// What a fused backend's plan needs of the device. 0 where unknown (no
+// usable device): then the plan takes no device-dependent option (no
+// split-KV, the smallest tiles) and gives no shared-memory verdict.
+struct DeviceLimits {
+  int multiprocessors = 0;
+  std::size_t smem_per_block = 0;  // the opt-in maximum
+};
+// The current device's limits if it exists and has compute capability >=
+// min_major.min_minor, else unknown.
+DeviceLimits current_device_limits(int min_major, int min_minor);
+
 // How many clusters of cluster_ctas CTAs of `kernel` (threads per CTA,
 // dynamic shared memory bytes) can be resident at once on the current
 // device (cudaOccupancyMaxActiveClusters), cached per device and launch

@@ -1,16 +1,14 @@
 // cuda-flash: the backward launcher template: the preprocessing kernel
 // (lse2, D), then the dK/dV kernel (one CTA per key tile, kv head, batch),
 // then the dQ kernel (one CTA per query tile, head, batch), all on the
-// caller's stream, 1-D grids. With p.dq_accum set (fused dQ) the dK/dV
+// caller's stream, 1-D grids. With a fused dQ (the plan's) the dK/dV
 // kernel also adds dQ into it and the postprocess kernel writes dq instead
-// of the dQ kernel: ordered (p.dq_counters set) zeroes the counters and the
-// kernel adds in ascending key-tile order (see backward_dkdv_kernel.cuh);
-// atomic (p.dq_counters null, not deterministic) zeroes the accumulator
-// instead. The dK/dV kernel takes the tile the backend asks for
-// (DkdvTile<kD, size>: the default, or a smaller one for devices whose
-// shared memory per block is below the default tile's, dkdv_tile_for_device
-// in tile_sizes.hpp); a kFusedDqOnly tile has no separate dQ path (the
-// backend never asks for it). Instantiated per head dimension by
+// of the dQ kernel: ordered zeroes the counters and the kernel adds in
+// ascending key-tile order (see backward_dkdv_kernel.cuh); atomic (not
+// deterministic) zeroes the accumulator instead. The dK/dV kernel takes the
+// plan's tile (plan.hpp: the default, or a smaller one for devices whose
+// shared memory per block is below the default tile's); a kFusedDqOnly tile
+// has no separate dQ path (the plan never asks for it). Instantiated per head dimension by
 // launch_backward_d*.cu. Checked through tests/gpu/test_flash_*.cpp.
 #pragma once
 
@@ -27,7 +25,8 @@
 namespace gqattn::flash {
 
 template <int kD, typename Elem, bool kSoftcap, DkdvTileSize kSize>
-void launch_backward_typed(const fused::BackwardParams& p, cudaStream_t stream) {
+void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams& p,
+                           cudaStream_t stream) {
   {
     const int blocks = int(preprocess_blocks(p.B, p.H, p.tq_padded));
     fused::backward_preprocess_kernel<kD, Elem>
@@ -37,9 +36,9 @@ void launch_backward_typed(const fused::BackwardParams& p, cudaStream_t stream) 
   using DkdvT = DkdvTile<kD, kSize>;
   constexpr int kDkdvThreads = DkdvT::kWarpsN * DkdvT::kWarpsD * fused::kWarpSize;
   const int dkdv_grid = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk, kSize));
-  if (p.dq_accum != nullptr) {
+  if (plan.dq != DqStrategy::kSeparate) {
     const std::size_t rows = std::size_t(p.B) * p.H * std::size_t(p.tq_padded);
-    if (p.dq_counters != nullptr) {  // ordered: the first key tile stores
+    if (plan.dq == DqStrategy::kOrdered) {  // the first key tile stores
       const std::size_t counters = rows / DkdvT::kBlockM * sizeof(int);
       GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_counters, 0, counters, stream));
     } else {  // atomic: every key tile adds
@@ -51,8 +50,9 @@ void launch_backward_typed(const fused::BackwardParams& p, cudaStream_t stream) 
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
-    cuda::check_launch(p.dq_counters != nullptr ? "cuda-flash backward_dkdv_kernel (ordered dQ)"
-                                                : "cuda-flash backward_dkdv_kernel (atomic dQ)");
+    cuda::check_launch(plan.dq == DqStrategy::kOrdered
+                           ? "cuda-flash backward_dkdv_kernel (ordered dQ)"
+                           : "cuda-flash backward_dkdv_kernel (atomic dQ)");
     const int blocks = int(dq_postprocess_blocks(kD, p.B, p.H, p.tq_padded));
     backward_dq_postprocess_kernel<kD, Elem, DkdvT::kBlockM>
         <<<blocks, kDqPostThreads, 0, stream>>>(p);
@@ -60,7 +60,7 @@ void launch_backward_typed(const fused::BackwardParams& p, cudaStream_t stream) 
     return;
   }
   if constexpr (DkdvT::kFusedDqOnly) {
-    // The backend never asks for this (dq_strategy in flash_backend.cpp).
+    // The plan never asks for this (plan_backward refuses it).
     throw Error("cuda-flash's backward",
                 "internal: the separate dQ path was asked of a dK/dV "
                 "tile that has only the fused dQ paths");
@@ -86,33 +86,34 @@ void launch_backward_typed(const fused::BackwardParams& p, cudaStream_t stream) 
 }
 
 template <int kD, DkdvTileSize kSize>
-void launch_backward_tile(const fused::BackwardParams& p, fused::ElemType elem, cudaStream_t s) {
-  if (elem == fused::ElemType::bf16) {
-    if (p.score.softcap)
-      launch_backward_typed<kD, __nv_bfloat16, true, kSize>(p, s);
+void launch_backward_tile(const BackwardPlan& plan, const fused::BackwardParams& p,
+                          cudaStream_t s) {
+  if (plan.elem == fused::ElemType::bf16) {
+    if (plan.softcap)
+      launch_backward_typed<kD, __nv_bfloat16, true, kSize>(plan, p, s);
     else
-      launch_backward_typed<kD, __nv_bfloat16, false, kSize>(p, s);
+      launch_backward_typed<kD, __nv_bfloat16, false, kSize>(plan, p, s);
   } else {
-    if (p.score.softcap)
-      launch_backward_typed<kD, __half, true, kSize>(p, s);
+    if (plan.softcap)
+      launch_backward_typed<kD, __half, true, kSize>(plan, p, s);
     else
-      launch_backward_typed<kD, __half, false, kSize>(p, s);
+      launch_backward_typed<kD, __half, false, kSize>(plan, p, s);
   }
 }
 
 template <int kD>
-void launch_backward(const fused::BackwardParams& p, fused::ElemType elem, DkdvTileSize tile,
-                     void* stream) {
+void launch_backward(const BackwardPlan& plan, const fused::BackwardParams& p, void* stream) {
   using S = DkdvTileSize;
   const auto s = static_cast<cudaStream_t>(stream);
-  tile = clamp_dkdv_tile(kD, tile);
   if constexpr (int(smallest_dkdv_tile(kD)) >= int(S::kSmaller)) {
-    if (tile == S::kSmaller) return launch_backward_tile<kD, S::kSmaller>(p, elem, s);
+    if (plan.tile == S::kSmaller) return launch_backward_tile<kD, S::kSmaller>(plan, p, s);
   }
   if constexpr (int(smallest_dkdv_tile(kD)) >= int(S::kSmall)) {
-    if (tile == S::kSmall) return launch_backward_tile<kD, S::kSmall>(p, elem, s);
+    if (plan.tile == S::kSmall) return launch_backward_tile<kD, S::kSmall>(plan, p, s);
   }
-  launch_backward_tile<kD, S::kDefault>(p, elem, s);
+  if (plan.tile != S::kDefault)
+    throw Error("cuda-flash's backward", "internal: the plan's dK/dV tile has no kernel");
+  launch_backward_tile<kD, S::kDefault>(plan, p, s);
 }
 
 }  // namespace gqattn::flash

@@ -4,6 +4,5 @@
 #include "cuda/flash/launch_backward.cuh"
 
 namespace gqattn::flash {
-template void launch_backward<64>(const fused::BackwardParams&, fused::ElemType, DkdvTileSize,
-                                  void*);
+template void launch_backward<64>(const BackwardPlan&, const fused::BackwardParams&, void*);
 }  // namespace gqattn::flash

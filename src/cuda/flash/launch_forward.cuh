@@ -1,5 +1,5 @@
-// cuda-flash: the forward launcher template: picks the kernel instance for
-// the element type and ScoreMode (score_mode.hpp), sets its shared memory,
+// cuda-flash: the forward launcher template: launches the kernel instance
+// for the plan's element type and score mode, sets its shared memory,
 // launches one CTA per (query tile, head, batch) on a 1-D grid (B*H may
 // exceed grid.y's limit).
 // Instantiated per head dimension by launch_forward_d*.cu. Checked through
@@ -32,9 +32,8 @@ void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
 }
 
 template <int kD, typename Elem>
-void launch_forward_elem(const ForwardParams& p, cudaStream_t s) {
-  switch (fused::score_mode(
-      p.score, std::is_same_v<Elem, __half> ? fused::ElemType::f16 : fused::ElemType::bf16)) {
+void launch_forward_elem(const ForwardPlan& plan, const ForwardParams& p, cudaStream_t s) {
+  switch (plan.score_mode) {
     case fused::ScoreMode::plain:
       launch_forward_typed<kD, Elem, fused::ScoreMode::plain>(p, s);
       break;
@@ -43,7 +42,7 @@ void launch_forward_elem(const ForwardParams& p, cudaStream_t s) {
       break;
     case fused::ScoreMode::softcap_without_row_max:
       // score_mode() gives this mode to bf16 only: no f16 kernel is compiled.
-      if constexpr (fused::kSoftcapWithoutRowMax && std::is_same_v<Elem, __nv_bfloat16>)
+      if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
         launch_forward_typed<kD, Elem, fused::ScoreMode::softcap_without_row_max>(p, s);
       else
         throw Error("cuda-flash forward", "internal: the no-row-max softcap kernels are bf16 only");
@@ -52,12 +51,12 @@ void launch_forward_elem(const ForwardParams& p, cudaStream_t s) {
 }
 
 template <int kD>
-void launch_forward(const ForwardParams& p, fused::ElemType elem, void* stream) {
+void launch_forward(const ForwardPlan& plan, const ForwardParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  if (elem == fused::ElemType::bf16)
-    launch_forward_elem<kD, __nv_bfloat16>(p, s);
+  if (plan.elem == fused::ElemType::bf16)
+    launch_forward_elem<kD, __nv_bfloat16>(plan, p, s);
   else
-    launch_forward_elem<kD, __half>(p, s);
+    launch_forward_elem<kD, __half>(plan, p, s);
 }
 
 }  // namespace gqattn::flash

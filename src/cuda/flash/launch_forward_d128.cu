@@ -4,5 +4,5 @@
 #include "cuda/flash/launch_forward.cuh"
 
 namespace gqattn::flash {
-template void launch_forward<128>(const ForwardParams&, fused::ElemType, void*);
+template void launch_forward<128>(const ForwardPlan&, const ForwardParams&, void*);
 }  // namespace gqattn::flash

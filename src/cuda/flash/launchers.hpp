@@ -7,32 +7,26 @@
 #include <cstdint>
 
 #include "cuda/flash/params.hpp"
+#include "cuda/flash/plan.hpp"
 #include "cuda/flash/tile_sizes.hpp"
 
 namespace gqattn::flash {
 
-// o, lse (if non-null) from q, k, v.
+// o, lse (if non-null) from q, k, v, as the plan says.
 template <int kD>
-void launch_forward(const ForwardParams& params, fused::ElemType elem, void* stream);
+void launch_forward(const ForwardPlan& plan, const ForwardParams& params, void* stream);
 
-// dq, dk, dv; params.lse2 / dsum must point at a workspace of
-// 2 * B * H * tq_padded floats' worth (see BackwardParams).
-// tile: dkdv_tile_for_device (tile_sizes.hpp) for this device, or the test
-// switch; clamped to the sizes d has. With a kFusedDqOnly tile params.dq_accum
-// must be set (ordered or atomic dQ).
+// dq, dk, dv, as the plan says; params.lse2 / dsum (and for a fused dQ
+// dq_accum, for the ordered one dq_counters) point at the plan's workspace.
 template <int kD>
-void launch_backward(const fused::BackwardParams& params, fused::ElemType elem, DkdvTileSize tile,
-                     void* stream);
+void launch_backward(const BackwardPlan& plan, const fused::BackwardParams& params, void* stream);
 
-extern template void launch_forward<64>(const ForwardParams&, fused::ElemType, void*);
-extern template void launch_forward<128>(const ForwardParams&, fused::ElemType, void*);
-extern template void launch_forward<256>(const ForwardParams&, fused::ElemType, void*);
-extern template void launch_backward<64>(const fused::BackwardParams&, fused::ElemType,
-                                         DkdvTileSize, void*);
-extern template void launch_backward<128>(const fused::BackwardParams&, fused::ElemType,
-                                          DkdvTileSize, void*);
-extern template void launch_backward<256>(const fused::BackwardParams&, fused::ElemType,
-                                          DkdvTileSize, void*);
+extern template void launch_forward<64>(const ForwardPlan&, const ForwardParams&, void*);
+extern template void launch_forward<128>(const ForwardPlan&, const ForwardParams&, void*);
+extern template void launch_forward<256>(const ForwardPlan&, const ForwardParams&, void*);
+extern template void launch_backward<64>(const BackwardPlan&, const fused::BackwardParams&, void*);
+extern template void launch_backward<128>(const BackwardPlan&, const fused::BackwardParams&, void*);
+extern template void launch_backward<256>(const BackwardPlan&, const fused::BackwardParams&, void*);
 
 // Grid sizes the launchers use (the backend checks them against the limits).
 int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq);

@@ -1,12 +1,14 @@
-// The fused kernels' plain-data arguments (cuda-flash, and cuda-hopper, which
-// shares flash's mask policy, softmax and backward preprocessing), made from
-// validated arguments on the host. Checked through both backends' GPU tests.
+// The shared fused layer, host side: the fused kernels' plain-data arguments
+// (params.hpp) made from validated arguments, and the rules both fused
+// backends (cuda-flash, cuda-hopper) apply to a problem and its tensors.
+// Checked through both backends' GPU tests and tests/cpu/test_*_plan.cpp.
 #pragma once
 
 #include <cfloat>
 #include <cmath>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "api/backend.hpp"
@@ -71,6 +73,26 @@ inline std::string why_not_fused_problem(const char* backend, const Problem& p, 
     return std::string("not supported: ") + backend +
            " needs Tq, Tk < 2^30 (got Tq=" + std::to_string(p.Tq) + ", Tk=" + std::to_string(p.Tk) +
            ")";
+  return "";
+}
+
+// A 1-D grid has at most this many thread blocks.
+constexpr int64_t kMaxGridX = std::numeric_limits<int>::max();
+
+// "" when t's data pointer and the strides of every dimension longer than 1
+// are multiples of `bytes` (what `use`, e.g. "16-byte loads", needs); else
+// which one is not.
+inline std::string why_misaligned(const TensorRef& t, const char* name, std::size_t bytes,
+                                  const char* use) {
+  const std::size_t elem = dtype_size(t.dtype);
+  if (reinterpret_cast<std::uintptr_t>(t.data) % bytes != 0)
+    return std::string(name) + ".data must be " + std::to_string(bytes) + "-byte aligned for " +
+           use;
+  for (int i = 0; i + 1 < t.rank; ++i)
+    if (t.shape[i] > 1 && (std::size_t(t.stride[i]) * elem) % bytes != 0)
+      return std::string(name) + ".stride[" + std::to_string(i) + "]*" + std::to_string(elem) +
+             " bytes must be a multiple of " + std::to_string(bytes) + " for " + use + " (stride[" +
+             std::to_string(i) + "] = " + std::to_string(t.stride[i]) + ")";
   return "";
 }
 

@@ -1,24 +1,35 @@
-// cuda-hopper: the forward launchers the backend calls, one per head
-// dimension, explicitly instantiated in launch_forward_d{64,128,256}.cu so
-// each head dimension compiles in its own translation unit. `stream` is a
-// cudaStream_t. Checked through tests/gpu/test_hopper_forward.cpp.
+// cuda-hopper: the launchers the backend calls, one per pass and head
+// dimension, explicitly instantiated in forward/launch_d{64,128,256}.cu and
+// backward/launch_d{64,128,256}.cu so each compiles in its own translation
+// unit. They launch
+// what the plan says. `stream` is a cudaStream_t. Checked through
+// tests/gpu/test_hopper_forward.cpp.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/hopper/backward/params.hpp"
 #include "cuda/hopper/forward/params.hpp"
+#include "cuda/hopper/plan.hpp"
 
 namespace gqattn::hopper {
 
 template <int kD>
-void launch_forward(const ForwardParams& params, ElemType elem, void* stream);
+void launch_forward(const ForwardPlan& plan, const ForwardParams& params, void* stream);
 
-extern template void launch_forward<64>(const ForwardParams&, ElemType, void*);
-extern template void launch_forward<128>(const ForwardParams&, ElemType, void*);
-extern template void launch_forward<256>(const ForwardParams&, ElemType, void*);
+extern template void launch_forward<64>(const ForwardPlan&, const ForwardParams&, void*);
+extern template void launch_forward<128>(const ForwardPlan&, const ForwardParams&, void*);
+extern template void launch_forward<256>(const ForwardPlan&, const ForwardParams&, void*);
 
-// Work tiles of a forward launch: one per (query tile of block_m rows, head,
-// batch).
-int64_t forward_blocks(int block_m, int64_t B, int64_t H, int64_t Tq);
+// dq, dk, dv; params.c.lse2 / dsum (and, for a fused dQ, dq_accum and
+// dq_semaphores) point at the plan's workspace.
+namespace bwd {
+template <int kD>
+void launch_backward(const BackwardPlan& plan, const BackwardParams& params, void* stream);
+
+extern template void launch_backward<64>(const BackwardPlan&, const BackwardParams&, void*);
+extern template void launch_backward<128>(const BackwardPlan&, const BackwardParams&, void*);
+extern template void launch_backward<256>(const BackwardPlan&, const BackwardParams&, void*);
+}  // namespace bwd
 
 }  // namespace gqattn::hopper

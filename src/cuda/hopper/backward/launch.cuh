@@ -1,11 +1,10 @@
-// cuda-hopper: the backward launcher template: cuda-flash's preprocessing
-// kernel (lse2, D into the workspace; reused as is), then the dK/dV kernel
+// cuda-hopper: the backward launcher template: the fused layer's
+// preprocessing kernel (lse2, D into the workspace), then the dK/dV kernel
 // (one CTA per key tile, kv head, batch), then either the dQ kernel (one CTA
-// per query tile, head, batch) or, with the fused dQ (d <= 128), the
-// conversion of the accumulator the dK/dV kernel added into when the caller
-// set p.dq_accum, all on the caller's
-// stream, 1-D grids.
-// Instantiated per head dimension by launch_backward_d*.cu. Checked through
+// per query tile, head, batch) or, where the plan (plan.hpp) fuses dQ
+// (d <= 128), the conversion of the accumulator the dK/dV kernel added
+// into; all on the caller's stream, 1-D grids. It decides nothing itself.
+// Instantiated per head dimension by backward/launch_d*.cu. Checked through
 // tests/gpu/test_hopper_backward.cpp.
 #pragma once
 
@@ -21,6 +20,8 @@
 #include "cuda/hopper/backward/dq_kernel.cuh"
 #include "cuda/hopper/backward/params.hpp"
 #include "cuda/hopper/dependent_launch.hpp"
+#include "cuda/hopper/launchers.hpp"
+#include "cuda/hopper/plan.hpp"
 
 namespace gqattn::hopper::bwd {
 
@@ -44,21 +45,19 @@ void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
       p.dq_semaphores, 0, fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
   launch_dkdv<kD, Elem, kSoftcap, true>(p, stream);
   const int blocks = int(dq_convert_blocks(p.c.B, p.c.H, p.c.tq_padded));
-  // With kBwdDqConvertOverlap, a programmatic dependent launch: scheduled
+  // A programmatic dependent launch: scheduled
   // once every dK/dV CTA has started (backward_dkdv_kernel), so it can use
   // the SMs the dK/dV kernel's last wave leaves idle; a persistent grid,
   // since its CTAs wait for their blocks and hold their SMs while they do.
-  const int ctas = kBwdDqConvertOverlap
-                       ? std::min(blocks, kDqConvertCtasPerSm *
-                                              cuda::current_device_properties().multiprocessors)
-                       : blocks;
+  const int ctas =
+      std::min(blocks, kDqConvertCtasPerSm * cuda::current_device_properties().multiprocessors);
   launch_dependent(backward_dq_convert_kernel<kD, Elem>, unsigned(ctas), kDqConvertThreads,
-                   dq_convert_pending_bytes(blocks, ctas), stream, kBwdDqConvertOverlap, p);
+                   dq_convert_pending_bytes(blocks, ctas), stream, /*overlap=*/true, p);
   cuda::check_launch("cuda-hopper backward_dq_convert_kernel");
 }
 
 template <int kD, typename Elem, bool kSoftcap>
-void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
+void launch_backward_typed(const BackwardPlan& plan, const BackwardParams& p, cudaStream_t stream) {
   static_assert(fused::kWorkspaceRowAlign % DqTile<kD>::kBlockM == 0 &&
                     fused::kWorkspaceRowAlign % DkdvTile<kD>::kBlockM == 0,
                 "whole query tiles of lse2 / D lie inside a workspace row");
@@ -70,7 +69,7 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
     cuda::check_launch("cuda-hopper backward_preprocess_kernel (cuda-flash's)");
   }
   if constexpr (DkdvTile<kD>::kFusedDqSupported) {
-    if (p.dq_accum != nullptr) {
+    if (plan.fused_dq) {
       launch_dkdv_fused_dq<kD, Elem, kSoftcap>(p, stream);
       return;
     }
@@ -86,18 +85,18 @@ void launch_backward_typed(const BackwardParams& p, cudaStream_t stream) {
 }
 
 template <int kD>
-void launch_backward(const BackwardParams& p, ElemType elem, void* stream) {
+void launch_backward(const BackwardPlan& plan, const BackwardParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  if (elem == ElemType::bf16) {
-    if (p.c.score.softcap)
-      launch_backward_typed<kD, __nv_bfloat16, true>(p, s);
+  if (plan.elem == ElemType::bf16) {
+    if (plan.softcap)
+      launch_backward_typed<kD, __nv_bfloat16, true>(plan, p, s);
     else
-      launch_backward_typed<kD, __nv_bfloat16, false>(p, s);
+      launch_backward_typed<kD, __nv_bfloat16, false>(plan, p, s);
   } else {
-    if (p.c.score.softcap)
-      launch_backward_typed<kD, __half, true>(p, s);
+    if (plan.softcap)
+      launch_backward_typed<kD, __half, true>(plan, p, s);
     else
-      launch_backward_typed<kD, __half, false>(p, s);
+      launch_backward_typed<kD, __half, false>(plan, p, s);
   }
 }
 

@@ -4,5 +4,5 @@
 #include "cuda/hopper/backward/launch.cuh"
 
 namespace gqattn::hopper::bwd {
-template void launch_backward<128>(const BackwardParams&, ElemType, void*);
+template void launch_backward<128>(const BackwardPlan&, const BackwardParams&, void*);
 }  // namespace gqattn::hopper::bwd

@@ -266,14 +266,5 @@ constexpr std::size_t backward_smem_bytes(int64_t d) {
                     : backward_smem_bytes<256>();
 }
 
-// dq, dk, dv from the parameters; p.c.lse2 / p.c.dsum point at a workspace
-// of 2 x B*H*tq_padded floats (written by the preprocessing kernel first).
-// `stream` is a cudaStream_t. Instantiated in launch_backward_d{64,128,256}.cu.
-template <int kD>
-void launch_backward(const BackwardParams& params, ElemType elem, void* stream);
-
-extern template void launch_backward<64>(const BackwardParams&, ElemType, void*);
-extern template void launch_backward<128>(const BackwardParams&, ElemType, void*);
-extern template void launch_backward<256>(const BackwardParams&, ElemType, void*);
 
 }  // namespace gqattn::hopper::bwd

@@ -94,11 +94,11 @@ __global__ void __launch_bounds__(forward_threads<Tile>(), 1)
   else
     __syncthreads();
 
-  // A split-KV forward's combine kernel (forward_combine.cuh) may be
+  // A split-KV forward's combine kernel (split_combine.cuh) may be
   // scheduled once every CTA of this grid has got here: it waits for this
   // grid's completion (griddepcontrol.wait) before it reads the partials,
-  // so only its launch overlaps (kCombineOverlap).
-  if (kCombineOverlap && p.num_splits > 1) ptx::launch_dependents();
+  // so only its launch overlaps.
+  if (p.num_splits > 1) ptx::launch_dependents();
 
   const MaskPolicy mask(p.mask);
   const TileSchedule<kCluster> schedule{p.num_tiles};

@@ -1,18 +1,16 @@
-// cuda-hopper: the forward launcher template: picks the tile (the wide d128
-// tile or the tall d64 tile when forward_shape() says so, else the head
-// dimension's default), the kernel instance for the element type and
-// ScoreMode (flash/score_mode.hpp: plain, softcap, or bf16 softcap without
-// row maximum), opts in to its shared memory, and launches a 1-D grid of
-// CTAs of forward_threads(): one per work tile (query tile, head, batch),
-// or with kPersistentScheduler min(tiles, SMs) CTAs (one fits per SM:
-// __launch_bounds__(threads, 1) and the shared memory) that loop; with K/V
-// multicast (forward_cluster_ctas() 2) the CTAs come in clusters of two, as
-// many as can be resident at once. Instantiated per head dimension by
-// launch_forward_d*.cu. The host side (hopper_backend.cpp) built the Q and
-// K/V maps with the same tile's box rows. Split-KV (p.num_splits > 1,
-// split_kv.hpp): num_splits tasks per work tile, never in clusters, then
-// forward_combine_kernel merges their partials into o and lse.
-// Checked through tests/gpu/test_hopper_forward.cpp.
+// cuda-hopper: the forward launcher template. It launches what the plan
+// (plan.hpp) decided: the tile (plan.shape), the kernel instance for the
+// element type and score mode, clusters of two CTAs where the plan
+// multicasts K/V, and after a split forward the combine kernel. It decides
+// nothing itself. The grid is persistent: min(tasks, SMs) CTAs (one fits
+// per SM: __launch_bounds__(threads, 1) and the shared memory) loop over
+// the tasks, so the producer loads the next tile while the consumers store
+// the current one (docs/decisions/hopper-forward-persistent-grid.md);
+// clustered, as many clusters as can be resident at once. The combine
+// kernel is a programmatic dependent launch, so its launch latency hides
+// under the forward's tail (docs/decisions/hopper-forward-split-kv.md).
+// Instantiated per head dimension by forward/launch_d*.cu. Checked through
+// tests/gpu/test_hopper_forward.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,35 +22,27 @@
 #include "cuda/hopper/dependent_launch.hpp"
 #include "cuda/hopper/forward/kernel.cuh"
 #include "cuda/hopper/forward/split_combine.cuh"
-#include "cuda/hopper/forward/split_kv.hpp"
 #include "cuda/hopper/launchers.hpp"
+#include "cuda/hopper/plan.hpp"
 #include "gqattn/error.hpp"
 
 namespace gqattn::hopper {
 
-// The grid for clusters of kCluster CTAs (1: plain CTAs) and the launch.
 template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
-void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
+void launch_forward_grid(const ForwardPlan& plan, const ForwardParams& params,
+                         cudaStream_t stream) {
   constexpr int kSmem = int(forward_smem_bytes<Tile>());
   constexpr int kThreads = forward_threads<Tile>();
   ForwardParams p = params;
-  // why_not refused more than 2^31 - 1 tiles (packing only lowers the
-  // count). With clusters H is even, so the tile count is a multiple of
-  // kCluster. Packed (pack_gqa.hpp): tiles of kBlockM packed rows over the
-  // Tq << pack_shift rows of each kv head.
-  p.num_tiles =
-      int(forward_blocks(Tile::kBlockM, p.B, tile_heads(p), int64_t(p.mask.tq) << p.pack_shift)) *
-      p.num_splits;
+  // The plan's why_not refused more than 2^31 - 1 tasks. With clusters the
+  // tile heads are even, so the task count is a multiple of kCluster.
+  p.num_tiles = int(plan.work_tiles * plan.splits);
   if (p.num_tiles == 0) return;  // no work tile (B, H or Tq is 0)
   auto kernel = forward_kernel<Tile, Elem, kScores, kCluster>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   if constexpr (kCluster == 1) {
-    int blocks = p.num_tiles;
-    if constexpr (kPersistentScheduler) {
-      constexpr int kCtasPerSm = 1;
-      blocks = std::min(blocks, kCtasPerSm * cuda::current_device_properties().multiprocessors);
-    }
+    const int blocks = std::min(p.num_tiles, cuda::current_device_properties().multiprocessors);
     kernel<<<blocks, kThreads, kSmem, stream>>>(p);
   } else {
     cudaLaunchAttribute cluster{};
@@ -60,94 +50,79 @@ void launch_forward_grid(const ForwardParams& params, cudaStream_t stream) {
     cluster.val.clusterDim.x = kCluster;
     cluster.val.clusterDim.y = 1;
     cluster.val.clusterDim.z = 1;
+    // A cluster's CTAs share a GPC, so fewer than SMs / kCluster may fit.
+    const int clusters = cuda::max_active_clusters(reinterpret_cast<const void*>(kernel), kCluster,
+                                                   kThreads, std::size_t(kSmem));
     cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(p.num_tiles));
+    config.gridDim = dim3(unsigned(std::min(p.num_tiles, clusters * kCluster)));
     config.blockDim = dim3(kThreads);
     config.dynamicSmemBytes = kSmem;
     config.stream = stream;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    if constexpr (kPersistentScheduler) {
-      // As many clusters as fit at once (a cluster's CTAs share a GPC, so
-      // this can be fewer than SMs / kCluster).
-      const int clusters = cuda::max_active_clusters(reinterpret_cast<const void*>(kernel),
-                                                     kCluster, kThreads, std::size_t(kSmem));
-      config.gridDim = dim3(unsigned(std::min(p.num_tiles, clusters * kCluster)));
-    }
     GQATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
   }
   cuda::check_launch("cuda-hopper forward_kernel");
   if (p.num_splits > 1) {
-    // With kCombineOverlap, a programmatic dependent launch: launched while
-    // the forward runs, it waits for it on the device, so the launch's
-    // latency hides under the forward's tail.
     launch_dependent(forward_combine_kernel<Tile::kD, Elem>, unsigned(combine_blocks(p)),
-                     kCombineThreads, 0, stream, kCombineOverlap, p);
+                     kCombineThreads, 0, stream, /*overlap=*/true, p);
     cuda::check_launch("cuda-hopper forward_combine_kernel");
   }
 }
 
 template <class Tile, typename Elem, ScoreMode kScores>
-void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
-  constexpr bool kSoftcap = fused::has_softcap(kScores);
-  if constexpr (multicast_tile<Tile, kSoftcap>()) {
-    // A packed tile holds all heads of its kv head: no partner to share
-    // K/V with (tile_heads / Hkv is 1). Split-KV tasks are dealt split by
-    // split, not in pairs of heads: no clusters either.
-    if (p.num_splits == 1 &&
-        forward_cluster_ctas<Tile, kSoftcap>(tile_heads(p), p.Hkv) == kMulticastCtas) {
-      launch_forward_grid<Tile, Elem, kScores, kMulticastCtas>(p, stream);
+void launch_forward_typed(const ForwardPlan& plan, const ForwardParams& p, cudaStream_t stream) {
+  if constexpr (multicast_tile<Tile, fused::has_softcap(kScores)>()) {
+    if (plan.cluster_ctas == kMulticastCtas) {
+      launch_forward_grid<Tile, Elem, kScores, kMulticastCtas>(plan, p, stream);
       return;
     }
   }
-  launch_forward_grid<Tile, Elem, kScores, 1>(p, stream);
+  launch_forward_grid<Tile, Elem, kScores, 1>(plan, p, stream);
 }
 
 template <class Tile, ScoreMode kScores>
-void launch_forward_elem(const ForwardParams& p, ElemType elem, cudaStream_t s) {
+void launch_forward_elem(const ForwardPlan& plan, const ForwardParams& p, cudaStream_t s) {
   if constexpr (kScores == ScoreMode::softcap_without_row_max) {
     // score_mode() gives this mode to bf16 only: no f16 kernel is compiled.
-    if (elem != ElemType::bf16)
+    if (plan.elem != ElemType::bf16)
       throw Error("cuda-hopper forward", "internal: the no-row-max softcap kernels are bf16 only");
-    launch_forward_typed<Tile, __nv_bfloat16, kScores>(p, s);
-  } else if (elem == ElemType::bf16) {
-    launch_forward_typed<Tile, __nv_bfloat16, kScores>(p, s);
+    launch_forward_typed<Tile, __nv_bfloat16, kScores>(plan, p, s);
+  } else if (plan.elem == ElemType::bf16) {
+    launch_forward_typed<Tile, __nv_bfloat16, kScores>(plan, p, s);
   } else {
-    launch_forward_typed<Tile, __half, kScores>(p, s);
+    launch_forward_typed<Tile, __half, kScores>(plan, p, s);
   }
 }
 
 template <int kD, ScoreMode kScores>
-void launch_forward_scores(const ForwardParams& p, ElemType elem, cudaStream_t s) {
+void launch_forward_scores(const ForwardPlan& plan, const ForwardParams& p, cudaStream_t s) {
   constexpr bool kSoftcap = fused::has_softcap(kScores);
-  const TileShape shape =
-      forward_shape(kD, p.mask.causal, p.mask.window, p.mask.tq, p.mask.tk, kSoftcap);
   if constexpr (has_tile(kD, TileShape::kTall, kSoftcap)) {
-    if (shape == TileShape::kTall) {
-      launch_forward_elem<ForwardTile<kD, TileShape::kTall>, kScores>(p, elem, s);
+    if (plan.shape == TileShape::kTall) {
+      launch_forward_elem<ForwardTile<kD, TileShape::kTall>, kScores>(plan, p, s);
       return;
     }
   }
   if constexpr (has_tile(kD, TileShape::kWide, kSoftcap)) {
-    if (shape == TileShape::kWide) {
-      launch_forward_elem<ForwardTile<kD, TileShape::kWide>, kScores>(p, elem, s);
+    if (plan.shape == TileShape::kWide) {
+      launch_forward_elem<ForwardTile<kD, TileShape::kWide>, kScores>(plan, p, s);
       return;
     }
   }
-  launch_forward_elem<ForwardTile<kD>, kScores>(p, elem, s);
+  if (plan.shape != TileShape::kDefault)
+    throw Error("cuda-hopper forward", "internal: the plan's tile has no kernel");
+  launch_forward_elem<ForwardTile<kD>, kScores>(plan, p, s);
 }
 
 template <int kD>
-void launch_forward(const ForwardParams& p, ElemType elem, void* stream) {
+void launch_forward(const ForwardPlan& plan, const ForwardParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (fused::score_mode(p.score, elem)) {
-    case ScoreMode::plain: launch_forward_scores<kD, ScoreMode::plain>(p, elem, s); break;
-    case ScoreMode::softcap: launch_forward_scores<kD, ScoreMode::softcap>(p, elem, s); break;
+  switch (plan.score_mode) {
+    case ScoreMode::plain: launch_forward_scores<kD, ScoreMode::plain>(plan, p, s); break;
+    case ScoreMode::softcap: launch_forward_scores<kD, ScoreMode::softcap>(plan, p, s); break;
     case ScoreMode::softcap_without_row_max:
-      if constexpr (fused::kSoftcapWithoutRowMax)
-        launch_forward_scores<kD, ScoreMode::softcap_without_row_max>(p, elem, s);
-      else  // score_mode() never picks a switched-off mode
-        throw Error("cuda-hopper forward", "internal: the no-row-max softcap kernels are off");
+      launch_forward_scores<kD, ScoreMode::softcap_without_row_max>(plan, p, s);
       break;
   }
 }

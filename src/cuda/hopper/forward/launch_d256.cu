@@ -4,5 +4,5 @@
 #include "cuda/hopper/forward/launch.cuh"
 
 namespace gqattn::hopper {
-template void launch_forward<256>(const ForwardParams&, ElemType, void*);
+template void launch_forward<256>(const ForwardPlan&, const ForwardParams&, void*);
 }  // namespace gqattn::hopper

@@ -11,19 +11,15 @@
 // box is 64 columns x G heads x 64 / G queries, one warpgroup's rows
 // (hopper_backend.cpp); the plain O stores and lse take each row's head and
 // query (epilogue.cuh). Plain C++: the host decides, the kernels read the
-// shift from their parameters. Checked by tests/cpu/test_hopper_pack_gqa.cpp
-// (the rule) and tests/gpu/test_hopper_forward.cpp (the packed cases
-// against the f64 oracle).
+// shift from their parameters (the plan, plan.cpp, holds it). Checked by
+// tests/cpu/test_hopper_pack_gqa.cpp (the rule) and tests/gpu/test_hopper_forward.cpp (the packed
+// cases against the f64 oracle).
 #pragma once
 
 #include <cstdint>
 
 namespace gqattn::hopper {
 
-// Off: every work tile holds the rows of one query head (no packed kernel
-// path is taken; the kernels are the same either way, the shift is a
-// runtime parameter).
-constexpr bool kPackGqa = true;
 // G must divide one warpgroup's 64 rows (the O box holds 64 / G queries of
 // G heads), hence also 128 and 192, every tile's kBlockM.
 constexpr int kPackGqaMaxHeads = 64;
@@ -35,7 +31,7 @@ constexpr int kPackGqaMaxHeads = 64;
 // where Tq fills tiles anyway the unpacked tiles keep K/V multicast and the
 // end-aligned causal tiles. G a power of two, 2 <= G <= kPackGqaMaxHeads.
 constexpr int pack_gqa_shift(int block_m, int64_t Tq, int64_t H, int64_t Hkv) {
-  if (!kPackGqa || Hkv <= 0 || H % Hkv != 0 || Tq <= 0 || Tq >= block_m) return 0;
+  if (Hkv <= 0 || H % Hkv != 0 || Tq <= 0 || Tq >= block_m) return 0;
   const int64_t G = H / Hkv;
   if (G < 2 || G > kPackGqaMaxHeads || (G & (G - 1)) != 0) return 0;
   const int64_t packed_tiles = (Tq * G + block_m - 1) / block_m;
