@@ -1,6 +1,7 @@
 // The gqattn command-line tool.
 //   gqattn check [flags]  forward + backward on each backend against the f64 oracle
 //   gqattn info           build configuration, CUDA devices, backends and why not
+//   gqattn explain [flags] which backend runs a problem, with which plan, or why not
 // Usage errors print one line and exit 2; a failed check exits 1.
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,11 @@ usage:
   gqattn check [flags]   run forward and backward on random inputs and compare every
                          output (o, lse, dq, dk, dv) with the f64 oracle; exit 1 on a failure
   gqattn info            build configuration, CUDA devices, backends and why not
+  gqattn explain [flags] for each backend (and auto): whether it runs the problem's
+                         forward and backward, the plan it would run (tile, score
+                         mode, splits, dQ path, workspace), or why not; runs nothing.
+                         Takes check's problem flags, --dtype, --backend and
+                         --forward-only
   gqattn --help          this text
 
 check flags (defaults: a small GQA problem with causal, window and softcap all on):
@@ -49,6 +55,7 @@ examples:
   gqattn check
   gqattn check --backend cpu --dtype f32 --T 1000 --window 0
   gqattn check --B 1 --Tq 7 --Tk 300 --H 16 --Hkv 1 --d 128 --causal 0
+  gqattn explain --B 8 --Tq 1 --Tk 8192 --H 32 --Hkv 8 --d 128 --causal 0 --window 0 --softcap 0
 )";
 
 struct UsageError {
@@ -213,6 +220,40 @@ int run_check(const std::vector<std::string>& args) {
   return failed ? kExitFailed : 0;
 }
 
+// One line per backend and pass: the plan it would run, or why not.
+int run_explain(const std::vector<std::string>& args) {
+  const CheckArgs c = parse_check(args);
+  std::vector<gqattn::Backend> backends;
+  if (c.backend == "all") {
+    backends = gqattn::all_backends();
+    backends.push_back(gqattn::Backend::Auto);
+  } else {
+    backends.push_back(gqattn::parse_backend(c.backend));
+  }
+  // Problem errors (H % Hkv, window < 0, ...) surface here.
+  const gqattn::Explanation cpu_view =
+      gqattn::explain(c.problem, c.dtype, gqattn::Device::cpu, gqattn::Backend::Cpu);
+  if (!cpu_view.supported) throw UsageError{cpu_view.reason};
+  std::string why_none;
+  const bool have_gpu = !gqattn::cuda_devices(&why_none).empty();
+  const gqattn::Pass passes[] = {gqattn::Pass::forward, gqattn::Pass::backward};
+  for (gqattn::Pass pass : passes) {
+    if (pass == gqattn::Pass::backward && !c.backward) break;
+    const char* pass_name = pass == gqattn::Pass::forward ? "forward" : "backward";
+    for (gqattn::Backend b : backends) {
+      const bool on_cpu = b == gqattn::Backend::Cpu || (b == gqattn::Backend::Auto && !have_gpu);
+      const gqattn::Explanation e = gqattn::explain(
+          c.problem, c.dtype, on_cpu ? gqattn::Device::cpu : gqattn::Device::cuda, b, pass);
+      std::string line = e.supported ? "runs" : "no: " + e.reason;
+      if (e.supported && b == gqattn::Backend::Auto)
+        line += std::string(" on ") + gqattn::backend_name(e.chosen);
+      if (e.supported && !e.plan.empty()) line += ": " + e.plan;
+      std::printf("%-8s %-13s %s\n", pass_name, gqattn::backend_name(b), line.c_str());
+    }
+  }
+  return 0;
+}
+
 int run_info() {
   const gqattn::BuildInfo build = gqattn::build_info();
   std::printf("gqattn %s\n", build.version.c_str());
@@ -248,11 +289,13 @@ int main(int argc, char** argv) {
     const std::string command = args[0];
     args.erase(args.begin());
     if (command == "check") return run_check(args);
+    if (command == "explain") return run_explain(args);
     if (command == "info") {
       if (!args.empty()) throw UsageError{"info takes no arguments"};
       return run_info();
     }
-    throw UsageError{"unknown command '" + command + "' (commands: check, info; see --help)"};
+    throw UsageError{"unknown command '" + command +
+                     "' (commands: check, explain, info; see --help)"};
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gqattn: %s\n", e.message.c_str());
     return kExitUsage;
