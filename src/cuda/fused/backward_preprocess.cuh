@@ -13,25 +13,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/element.cuh"
 #include "cuda/fused/fragment.cuh"
 #include "cuda/fused/params.hpp"
 
 namespace gqattn::fused {
 
-template <typename Elem>
-__device__ __forceinline__ float2 to_float2(uint32_t packed);
-template <>
-__device__ __forceinline__ float2 to_float2<__nv_bfloat16>(uint32_t packed) {
-  __nv_bfloat162 x;
-  memcpy(&x, &packed, sizeof(x));
-  return __bfloat1622float2(x);
-}
-template <>
-__device__ __forceinline__ float2 to_float2<__half>(uint32_t packed) {
-  __half2 x;
-  memcpy(&x, &packed, sizeof(x));
-  return __half22float2(x);
-}
+using gqattn::cuda::to_float2;
 
 // Dot product of two 16-byte chunks of 8 elements, in f32.
 template <typename Elem>

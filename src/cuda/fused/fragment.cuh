@@ -1,7 +1,8 @@
-// cuda-flash: thin wrappers over the sm80 warp-level tensor-core and shared
-// memory instructions (mma.sync m16n8k16, ldmatrix, 16-bit packing) and the
-// register fragment layout they imply. Checked through the kernels' tests
-// against the f64 oracle (tests/gpu/test_flash_*.cpp).
+// Thin wrappers over the sm80 warp-level tensor-core and shared memory
+// instructions (mma.sync m16n8k16, ldmatrix; 16-bit packing from
+// common/element.cuh) and the register fragment layout they imply, for
+// cuda-flash's kernels and cuda-hopper's register-side work. Checked through
+// the kernels' tests against the f64 oracle (tests/gpu/test_flash_*.cpp).
 //
 // Fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4; every fragment register holds two 16-bit
@@ -19,6 +20,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+
+#include "cuda/common/element.cuh"
 
 namespace gqattn::fused {
 
@@ -66,24 +69,9 @@ __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats rounded to nearest into one register of two 16-bit values
-// (`lo` in the low half, i.e. the lower column).
-template <typename Elem>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
+// 16-bit packing, the conversion common/element.cuh defines for every
+// backend.
+using gqattn::cuda::pack2;
 
 // The A fragment of k-step `kk` of P (or dS) from the f32 accumulator tiles
 // 2kk and 2kk+1 of the same 16 rows (see the layout note above).

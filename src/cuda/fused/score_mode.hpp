@@ -46,7 +46,8 @@ enum class ScoreMode {
 // v (1 + bf16 rounding of their P), which the backward's D = rowsum(dO o)
 // turned into dq, dk errors over the oracle's tolerance (cuda-hopper
 // T1_softcap30_d256 dq 0.052 vs 0.0078; cuda-flash T160 causal large
-// logits dq 0.028 vs 0.024). lse still comes from the f32 sums.
+// logits dq 0.028 vs 0.024). lse still comes from the f32 sums. Measured:
+// docs/decisions/fused-softcap-without-row-max.md.
 constexpr bool kSoftcapWithoutRowMax = true;
 
 // The largest mult (= cap log2 e) the no-offset mode takes.

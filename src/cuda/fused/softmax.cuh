@@ -1,4 +1,4 @@
-// cuda-flash: the forward's online softmax over key tiles, in the exp2
+// The fused forwards' online softmax over key tiles, in the exp2
 // domain (see ScoreArgs in params.hpp: p = 2^(v * mult - m * mult)). Each
 // thread owns two rows (g and g+8) of each of its warp's m16 tiles; row
 // maxima are reduced over the quad at every tile, row sums only at the end.
@@ -26,7 +26,8 @@
 // difference: the row's largest p is no longer exactly 1, so its 16-bit
 // rounding in O's numerator is not matched by the f32 sum, and o divided by
 // that sum carries an error common to its columns that the backward's D =
-// rowsum(dO o O) amplifies (measured: docs/hopper.md TODO 7). The cure
+// rowsum(dO o O) amplifies (docs/decisions/flash-forward-lazy-rescale.md
+// has the failing case). The cure
 // (kCompensate, any kLazyLog2 > 0): each thread adds, per row and tile,
 // the 16-bit rounding error of its own largest p to row_fix, and
 // finalize_compensated divides o by row_sum + row_fix (lse keeps the f32
