@@ -24,8 +24,8 @@
 //   A operand of dV += P^T dO and dK += dS^T Q; otherwise (d128, d256, where
 //   a warp's keys x d accumulators would not fit) they go through shared
 //   memory.
-// - dQ, three strategies (DqStrategy, chosen per call by the backend, see
-//   flash_backend.cpp; the first two deterministic):
+// - dQ, three strategies (DqStrategy, chosen per call by the plan, see
+//   plan.cpp; the first two deterministic):
 //   separate: a dQ kernel: a CTA owns kBlockM query rows (d64, d128: 32 per
 //     warp; d256: 16); key tiles of kBlockN double-buffered; recomputes S
 //     and dP (7 GEMMs per tile pair in all).
@@ -204,10 +204,9 @@ struct DqTile<256> {
 // (backward_dkdv_kernel<..., kFusedDq = true>): kAtomic is kOrdered with a
 // null counter pointer (a runtime test, no extra instantiation).
 enum class DqStrategy { kSeparate, kOrdered, kAtomic };
-// The deterministic strategy the backend uses when the environment does not
-// choose (GQATTN_FLASH_DQ=ordered|separate|atomic, read by
-// flash_backend.cpp). Never kAtomic: with Options::deterministic == false
-// the backend picks kAtomic itself.
+// The deterministic strategy a plan takes unless the caller overrides it
+// (plan.cpp). Never kAtomic: with Options::deterministic == false the plan
+// picks kAtomic itself.
 // The measurements behind each rule: docs/decisions/flash-default-dq-strategy.md.
 // - d64, d128: ordered, at least as fast as separate on the H200.
 // - d256: ordered from kOrderedDqD256MinKeysCausal keys (causal) or
