@@ -56,6 +56,14 @@ struct Problem {
   // (query, key) pairs that the mask keeps in one (batch, head), exactly
   // (docs/semantics.md): the FLOP count of a pass is proportional to it.
   int64_t kept_pairs() const;
+  // The window as the mask uses it: 0 (no window) when window == 0 or
+  // window >= Tk, else window. An identity of the mask rule, not a new rule:
+  // key j is kept iff j >= i + Tk - Tq - window + 1, and i + Tk - Tq <= Tk - 1
+  // for every query i, so a window of Tk or more keeps every key on the left,
+  // as no window does. Every backend and the oracle read the window through
+  // this, which also keeps pos - window + 1 far from overflow (a window near
+  // INT64_MAX, e.g. Python's sys.maxsize for "no window", becomes 0).
+  int64_t effective_window() const;
 };
 
 struct Options {
@@ -69,6 +77,12 @@ struct Options {
   // stay deterministic (cuda-hopper: its ordered dQ adds measured faster
   // than unordered ones, docs/hopper.md).
   bool deterministic = true;
+  // Threads of the CPU backend (and the oracle): 0 = the library's default
+  // (std::thread::hardware_concurrency()); n > 0 = at most n threads, the
+  // caller's included. The torch op fills it from torch.get_num_threads().
+  // The threads are started once and reused by later calls. CUDA backends
+  // ignore it.
+  int num_threads = 0;
 };
 
 }  // namespace gqattn

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "gqattn/dtype.hpp"
 #include "gqattn/types.hpp"
@@ -12,31 +13,43 @@ float Problem::effective_scale() const {
   return scale ? *scale : 1.0f / std::sqrt(static_cast<float>(d));
 }
 
+int64_t Problem::effective_window() const { return window <= 0 || window >= Tk ? 0 : window; }
+
 namespace {
+// Wide enough for Tq * Tk with both up to 2^53 (what validation allows).
+__extension__ typedef __int128 Wide;
 // sum_{x=1..n} min(x, cap), for n >= 0 and cap >= 1.
-int64_t sum_min(int64_t n, int64_t cap) {
+Wide sum_min(Wide n, Wide cap) {
   if (n <= cap) return n * (n + 1) / 2;
   return cap * (cap + 1) / 2 + (n - cap) * cap;
 }
 // sum_{x=a..b} clamp(x, 0, cap): terms x <= 0 count 0.
-int64_t sum_clamped(int64_t a, int64_t b, int64_t cap) {
+Wide sum_clamped(Wide a, Wide b, Wide cap) {
   if (b < 1) return 0;
-  return sum_min(b, cap) - sum_min(std::max<int64_t>(a - 1, 0), cap);
+  return sum_min(b, cap) - sum_min(a - 1 > 0 ? a - 1 : 0, cap);
 }
 }  // namespace
 
 // Row i keeps keys [lo(i), hi(i)] with off = Tk - Tq (bottom-right aligned):
 // hi = i + off under causal (never above Tk - 1, since i < Tq), else Tk - 1;
-// lo = max(0, i + off - window + 1) with a window, else 0. So a causal row
-// keeps clamp(i + off + 1, 0, window) keys, x = i + off + 1 running over
-// off + 1 .. Tk; a non-causal windowed row keeps min(Tk, window + Tq - 1 - i)
+// lo = max(0, i + off - w + 1) with w = effective_window() > 0, else 0. So a
+// causal row keeps clamp(i + off + 1, 0, w) keys, x = i + off + 1 running
+// over off + 1 .. Tk; a non-causal windowed row keeps min(Tk, w + Tq - 1 - i)
 // (at least 1). tests/cpu/test_validation.cpp checks it against the
-// row-by-row count.
+// row-by-row count. The sums run in 128 bits (Tq * Tk reaches 2^106 for
+// sizes validation accepts) and the result saturates at INT64_MAX.
 int64_t Problem::kept_pairs() const {
-  const int64_t off = Tk - Tq;
-  if (causal) return sum_clamped(off + 1, Tk, window > 0 ? window : Tk);
-  if (window <= 0) return Tq * Tk;
-  return sum_clamped(window, window + Tq - 1, Tk);
+  const Wide off = Wide(Tk) - Tq;
+  const Wide w = effective_window();
+  Wide pairs;
+  if (causal)
+    pairs = sum_clamped(off + 1, Tk, w > 0 ? w : Wide(Tk));
+  else if (w == 0)
+    pairs = Wide(Tq) * Tk;
+  else
+    pairs = sum_clamped(w, w + Tq - 1, Tk);
+  const Wide most = std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(pairs < most ? pairs : most);
 }
 
 TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2) {

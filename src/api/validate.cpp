@@ -1,10 +1,12 @@
 // Validation rules for gqattn's public arguments; see validate.hpp.
 #include "api/validate.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
@@ -32,6 +34,54 @@ int64_t span_elements(const TensorRef& t) {
     last += extent;
   }
   return last + 1;
+}
+
+// Bytes from a tensor's first element to the end of its last, or -1 if that
+// count overflows int64 (a stride of INT64_MAX / 2 fits as elements but not
+// as bytes).
+int64_t span_bytes(const TensorRef& t) {
+  const int64_t elements = span_elements(t);
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  if (elements < 0 || elements > std::numeric_limits<int64_t>::max() / elem) return -1;
+  return elements * elem;
+}
+
+struct ByteRange {
+  std::uintptr_t first, last;  // inclusive
+};
+ByteRange byte_range(const TensorRef& t) {
+  const auto first = reinterpret_cast<std::uintptr_t>(t.data);
+  return {first, first + static_cast<std::uintptr_t>(span_bytes(t)) - 1};
+}
+
+std::string shape_str(const int64_t* s, int r) {
+  std::string out = "[";
+  for (int i = 0; i < r; ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Whether two distinct index tuples of t can address the same element.
+// Sufficient and, for the layouts people build (every stride at least the
+// extent of the dimensions inside it), exact: order the dimensions of size
+// > 1 by stride; each stride must exceed the furthest element the smaller
+// ones reach.
+bool overlaps_itself(const TensorRef& t) {
+  int order[4];
+  int n = 0;
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] > 1) order[n++] = i;
+  auto before = [&](int a, int b) {
+    return t.stride[a] != t.stride[b] ? t.stride[a] < t.stride[b] : a > b;
+  };
+  for (int x = 1; x < n; ++x)  // insertion sort of at most 4
+    for (int y = x; y > 0 && before(order[y], order[y - 1]); --y) std::swap(order[y], order[y - 1]);
+  int64_t reach = 0;  // furthest offset the inner dimensions address
+  for (int x = 0; x < n; ++x) {
+    const int i = order[x];
+    if (t.stride[i] <= reach) return true;
+    reach += (t.shape[i] - 1) * t.stride[i];  // span_elements bounded it
+  }
+  return false;
 }
 
 }  // namespace
@@ -116,11 +166,6 @@ void validate_tensor(const Problem& p, Role role, const TensorRef& t, DType io_d
       dims = "[B, H, Tq]";
       break;
   }
-  auto shape_str = [](const int64_t* s, int r) {
-    std::string out = "[";
-    for (int i = 0; i < r; ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
-  };
   if (t.rank != rank)
     throw Error(name + ".rank = " + std::to_string(t.rank),
                 "must be " + std::to_string(rank) + " (shape " + dims + ")");
@@ -153,11 +198,54 @@ void validate_tensor(const Problem& p, Role role, const TensorRef& t, DType io_d
       throw Error(name + ".stride[" + std::to_string(i) + "] = 0",
                   "an output may not repeat elements (stride 0 on a dimension of size > 1)");
   }
-  if (span_elements(t) < 0) throw Error(name + ".stride", "addressed span overflows int64");
+  if (span_bytes(t) < 0)
+    throw Error(name + ".stride = " + shape_str(t.stride, rank),
+                "the bytes the tensor spans overflow int64");
+  if (reinterpret_cast<std::uintptr_t>(t.data) >
+      std::numeric_limits<std::uintptr_t>::max() - static_cast<std::uintptr_t>(span_bytes(t)))
+    throw Error(name + ".data", "the tensor's span runs past the end of the address space");
+  if (output && overlaps_itself(t))
+    throw Error(name + ".stride = " + shape_str(t.stride, rank),
+                "an output's elements must not overlap each other (shape " +
+                    shape_str(t.shape, rank) + ": two indices address the same element)");
   const std::size_t elem = dtype_size(t.dtype);
   if (reinterpret_cast<std::uintptr_t>(t.data) % elem != 0)
     throw Error(name + ".data",
                 "pointer is not aligned to its element size (" + std::to_string(elem) + " bytes)");
+}
+
+void validate_no_overlap(std::initializer_list<Argument> arguments) {
+  for (const Argument& out : arguments) {
+    if (!out.output || out.tensor->data == nullptr) continue;
+    const ByteRange a = byte_range(*out.tensor);
+    for (const Argument& other : arguments) {
+      if (&other == &out || other.tensor->data == nullptr) continue;
+      const ByteRange b = byte_range(*other.tensor);
+      if (a.first <= b.last && b.first <= a.last)
+        throw Error(out.name, std::string("must not overlap ") + other.name +
+                                  " (an output's memory may not intersect any other argument's)");
+    }
+  }
+}
+
+void validate_forward_memory(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                             const TensorRef& o, const TensorRef& lse) {
+  validate_no_overlap(
+      {{"o", &o, true}, {"lse", &lse, true}, {"q", &q, false}, {"k", &k, false}, {"v", &v, false}});
+}
+
+void validate_backward_memory(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                              const TensorRef& o, const TensorRef& lse, const TensorRef& dout,
+                              const TensorRef& dq, const TensorRef& dk, const TensorRef& dv) {
+  validate_no_overlap({{"dq", &dq, true},
+                       {"dk", &dk, true},
+                       {"dv", &dv, true},
+                       {"q", &q, false},
+                       {"k", &k, false},
+                       {"v", &v, false},
+                       {"o", &o, false},
+                       {"lse", &lse, false},
+                       {"do", &dout, false}});
 }
 
 }  // namespace gqattn::detail

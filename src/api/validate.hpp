@@ -2,6 +2,8 @@
 // Each failed rule throws gqattn::Error naming the argument and the rule.
 #pragma once
 
+#include <initializer_list>
+
 #include "gqattn/types.hpp"
 
 namespace gqattn::detail {
@@ -15,5 +17,26 @@ enum class Role { q, k, v, o, lse, dout, dq, dk, dv };
 const char* role_name(Role role);
 void validate_tensor(const Problem& problem, Role role, const TensorRef& t, DType io_dtype,
                      Device device, bool required = true);
+
+// The memory rule across the arguments of one call, after validate_tensor
+// passed for each: an output's byte range [first byte, last byte] must not
+// intersect any other argument's (input or output), so no output aliases an
+// input or another output, even partly or interleaved. (Each output's own
+// elements are checked not to overlap by validate_tensor.) Addresses are
+// compared as numbers, never dereferenced: CUDA device pointers live in one
+// address space with the host's (UVA). Tensors with data == nullptr
+// (forward's absent lse) are skipped.
+struct Argument {
+  const char* name;
+  const TensorRef* tensor;
+  bool output;
+};
+void validate_no_overlap(std::initializer_list<Argument> arguments);
+// The two calls' argument lists.
+void validate_forward_memory(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                             const TensorRef& o, const TensorRef& lse);
+void validate_backward_memory(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                              const TensorRef& o, const TensorRef& lse, const TensorRef& dout,
+                              const TensorRef& dq, const TensorRef& dk, const TensorRef& dv);
 
 }  // namespace gqattn::detail

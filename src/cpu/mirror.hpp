@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "api/backend.hpp"
 
@@ -17,9 +18,9 @@ namespace gqattn::cpu {
 // The problem's sizes, resolved once. scale is the validated problem.scale.
 struct MirrorShape {
   int64_t B = 0, Tq = 0, Tk = 0, H = 0, Hkv = 0, d = 0;
-  int64_t rep = 1;  // query heads per kv head, H / Hkv
-  int64_t off = 0;  // Tk - Tq: query i sits at absolute position i + off
-  int64_t window = 0;
+  int64_t rep = 1;     // query heads per kv head, H / Hkv
+  int64_t off = 0;     // Tk - Tq: query i sits at absolute position i + off
+  int64_t window = 0;  // Problem::effective_window(): 0 or in [1, Tk - 1]
   bool causal = false;
   float scale = 1.0f;
   float softcap = 0.0f;
@@ -38,11 +39,13 @@ KeptRange kept_range(const MirrorShape& shape, int64_t i);
 float fma_dot(const float* a, const float* b, int64_t n);
 
 // One row of P, exactly as attention_fwd builds it: scores (softcapped) of
-// the kept keys, their max m, e = exp(s - m) and its sum, P = e * (1 / sum),
-// zeros elsewhere. q is [d]; K is the row's kv head packed [Tk, d]; prow gets
-// Tk values. Forward and backward both call this, so backward's P is
-// bit-identical to the P forward used. A row with no kept key gets all zeros
-// and sum = 0.
+// the kept keys, their max m, e = exp(s - m) and its sum, P = e * (1 / sum).
+// q is [d]; K is the row's kv head packed [Tk, d]. prow gets the kept keys
+// only: prow[j - kept.first] for j in [kept.first, kept.last] (the zeros of
+// the seed's masked keys are not stored, so memory and time follow the
+// kept pairs), at most max_kept(shape) values. Forward and backward both call
+// this, so backward's P is bit-identical to the P forward used. A row with no
+// kept key writes nothing and has sum = 0.
 struct RowSoftmax {
   KeptRange kept;
   float m = 0.0f;
@@ -50,6 +53,12 @@ struct RowSoftmax {
 };
 RowSoftmax softmax_row(const MirrorShape& shape, int64_t i, const float* q, const float* K,
                        float* prow);
+// The most keys one row keeps (Tk without a window).
+int64_t max_kept(const MirrorShape& shape);
+
+// Scratch floats, allocated before a pass writes anything: a request that
+// cannot be met throws std::bad_alloc with every output untouched.
+std::vector<float> scratch_floats(int64_t n);
 
 // Element offset of t[i0][i1][i2] (rank 3) or t[i0][i1][i2][0] (rank 4).
 inline int64_t element_offset(const TensorRef& t, int64_t i0, int64_t i1, int64_t i2) {
@@ -62,11 +71,13 @@ void store_floats(const TensorRef& t, int64_t offset, int64_t n, const float* in
 // Head `head` of batch b of a [B, T, heads, d] tensor, packed to [T, d] floats.
 void load_head(const TensorRef& t, int64_t b, int64_t head, int64_t T, int64_t d, float* out);
 
+// Both passes run on Options::num_threads threads (parallel.hpp) and hold,
+// per thread, the K and V of one kv head (and backward its dK and dV) plus
+// one row of P: O(threads * Tk * d + window) floats, allocated up front, never
+// O(Tq * Tk). Backward recomputes P row by row (softmax_row) where the seed
+// stores it; the recomputation gives the same bits, so every result is the
+// seed's, operation for operation.
 void mirror_forward(const detail::ForwardArgs& args);
-// Backward materialises P in f32 like the seed, for one wave of kv groups
-// (b, hkv) at a time: as many groups as fit in wave_bytes (at least one), so
-// memory stays bounded on long sequences. The split changes no result.
-constexpr int64_t kDefaultWaveBytes = int64_t{256} << 20;
-void mirror_backward(const detail::BackwardArgs& args, int64_t wave_bytes = kDefaultWaveBytes);
+void mirror_backward(const detail::BackwardArgs& args);
 
 }  // namespace gqattn::cpu

@@ -29,111 +29,122 @@ float seed_ds(const MirrorShape& shape, float prob, float dp, float row_dot, con
   return ds;
 }
 
+// One thread's buffers: the kv head of its task, its dK and dV (phase 2),
+// one row of each [Tq, H, d] tensor and one row of P.
+struct Scratch {
+  std::vector<float> K, V, dk, dv, q, o, dout, dq, prow;
+};
+
 }  // namespace
 
 // lse is validated by the API but not read: the mirror recomputes m and sum
 // with the forward's row routine, which is what makes its P bit-identical to
 // the forward's (an lse-based exp(s - lse) would round differently).
-void mirror_backward(const detail::BackwardArgs& args, int64_t wave_bytes) {
+//
+// The seed materialises P (and D) once and reads it in attention_bwd_dq and
+// attention_bwd_dkv. Here each phase recomputes its row of P with
+// softmax_row and D with the seed's dot: the same operations on the same
+// values, so the same bits, in memory that follows the kept pairs.
+void mirror_backward(const detail::BackwardArgs& args) {
   const MirrorShape shape = mirror_shape(args.problem);
   const int64_t Tq = shape.Tq, Tk = shape.Tk, d = shape.d, rep = shape.rep;
   const int64_t groups = shape.B * shape.Hkv;
-  const int64_t group_floats = rep * Tq * Tk;
-  const int64_t per_wave =
-      std::max<int64_t>(1, wave_bytes / (group_floats * static_cast<int64_t>(sizeof(float))));
+  const int64_t heads = shape.B * shape.H;
+  const int threads = args.options.num_threads;
 
-  for (int64_t g0 = 0; g0 < groups; g0 += per_wave) {
-    const int64_t g1 = std::min(groups, g0 + per_wave);
-    // P[(g - g0), r, i, j] and D[(g - g0), r, i] for the wave's groups.
-    std::vector<float> P((g1 - g0) * group_floats);
-    std::vector<float> D((g1 - g0) * rep * Tq);
+  // Every buffer before any output is written (std::bad_alloc leaves them
+  // untouched).
+  std::vector<Scratch> scratch(
+      static_cast<std::size_t>(worker_count(std::max(groups, heads), threads)));
+  for (Scratch& s : scratch) {
+    s.K = scratch_floats(Tk * d);
+    s.V = scratch_floats(Tk * d);
+    s.dk = scratch_floats(Tk * d);
+    s.dv = scratch_floats(Tk * d);
+    s.q = scratch_floats(d);
+    s.o = scratch_floats(d);
+    s.dout = scratch_floats(d);
+    s.dq = scratch_floats(d);
+    s.prow = scratch_floats(max_kept(shape));
+  }
 
-    // Phase 1, one task per query head (b, h): P and D (attention_bwd_d),
-    // then dq (attention_bwd_dq) for each of its rows.
-    parallel_for((g1 - g0) * rep, [&](int64_t task) {
-      const int64_t g = g0 + task / rep;
-      const int64_t r = task % rep;
-      const int64_t b = g / shape.Hkv;
-      const int64_t hkv = g % shape.Hkv;
+  // Phase 1, one task per query head (b, h): P and D (attention_bwd_d),
+  // then dq (attention_bwd_dq) for each of its rows.
+  parallel_for(heads, threads, [&](int64_t task, int64_t worker) {
+    const int64_t b = task / shape.H;
+    const int64_t h = task % shape.H;
+    const int64_t hkv = h / rep;
+    Scratch& s = scratch[static_cast<std::size_t>(worker)];
+    load_head(args.k, b, hkv, Tk, d, s.K.data());
+    load_head(args.v, b, hkv, Tk, d, s.V.data());
+
+    for (int64_t i = 0; i < Tq; ++i) {
+      load_floats(args.q, element_offset(args.q, b, i, h), d, s.q.data());
+      load_floats(args.o, element_offset(args.o, b, i, h), d, s.o.data());
+      load_floats(args.dout, element_offset(args.dout, b, i, h), d, s.dout.data());
+      const RowSoftmax row = softmax_row(shape, i, s.q.data(), s.K.data(), s.prow.data());
+      const float row_dot = fma_dot(s.dout.data(), s.o.data(), d);
+
+      // dq accumulates in a local f32 row from 0 and is written once.
+      std::fill(s.dq.begin(), s.dq.end(), 0.0f);
+      for (int64_t j = row.kept.first; j <= row.kept.last; ++j) {
+        const float prob = s.prow[j - row.kept.first];
+        if (prob == 0.0f) continue;
+        const float* vj = s.V.data() + j * d;
+        const float* kj = s.K.data() + j * d;
+        const float dp = fma_dot(s.dout.data(), vj, d);
+        const float ds = seed_ds(shape, prob, dp, row_dot, s.q.data(), kj);
+        for (int64_t x = 0; x < d; ++x) s.dq[x] = std::fmaf(ds, kj[x], s.dq[x]);
+      }
+      store_floats(args.dq, element_offset(args.dq, b, i, h), d, s.dq.data());
+    }
+  });
+
+  // Phase 2, one task per kv group (b, hkv): dk and dv (attention_bwd_dkv),
+  // summed over the group's query heads privately, without atomics.
+  parallel_for(groups, threads, [&](int64_t task, int64_t worker) {
+    const int64_t b = task / shape.Hkv;
+    const int64_t hkv = task % shape.Hkv;
+    Scratch& s = scratch[static_cast<std::size_t>(worker)];
+    load_head(args.k, b, hkv, Tk, d, s.K.data());
+    load_head(args.v, b, hkv, Tk, d, s.V.data());
+    std::fill(s.dk.begin(), s.dk.end(), 0.0f);
+    std::fill(s.dv.begin(), s.dv.end(), 0.0f);
+
+    // The seed runs j outermost (one thread per kv row) and then r, i. Here
+    // j is innermost so P is read along its rows; each dk[j], dv[j] still
+    // sees its terms in the seed's (r, i) order, so every bit is the same.
+    for (int64_t r = 0; r < rep; ++r) {
       const int64_t h = hkv * rep + r;
-      std::vector<float> K(Tk * d), V(Tk * d), q(d), o(d), dout(d), dq(d);
-      load_head(args.k, b, hkv, Tk, d, K.data());
-      load_head(args.v, b, hkv, Tk, d, V.data());
-
       for (int64_t i = 0; i < Tq; ++i) {
-        float* prow = P.data() + (task * Tq + i) * Tk;
-        load_floats(args.q, element_offset(args.q, b, i, h), d, q.data());
-        load_floats(args.o, element_offset(args.o, b, i, h), d, o.data());
-        load_floats(args.dout, element_offset(args.dout, b, i, h), d, dout.data());
-        softmax_row(shape, i, q.data(), K.data(), prow);
-        const float row_dot = fma_dot(dout.data(), o.data(), d);
-        D[task * Tq + i] = row_dot;
-
-        // dq accumulates in a local f32 row from 0 and is written once.
-        std::fill(dq.begin(), dq.end(), 0.0f);
-        for (int64_t j = 0; j < Tk; ++j) {
-          const float prob = prow[j];
+        load_floats(args.q, element_offset(args.q, b, i, h), d, s.q.data());
+        load_floats(args.o, element_offset(args.o, b, i, h), d, s.o.data());
+        load_floats(args.dout, element_offset(args.dout, b, i, h), d, s.dout.data());
+        const RowSoftmax row = softmax_row(shape, i, s.q.data(), s.K.data(), s.prow.data());
+        const float row_dot = fma_dot(s.dout.data(), s.o.data(), d);
+        const float* qi = s.q.data();
+        const float* doi = s.dout.data();
+        for (int64_t j = row.kept.first; j <= row.kept.last; ++j) {
+          const float prob = s.prow[j - row.kept.first];
           if (prob == 0.0f) continue;
-          const float* vj = V.data() + j * d;
-          const float* kj = K.data() + j * d;
-          const float dp = fma_dot(dout.data(), vj, d);
-          const float ds = seed_ds(shape, prob, dp, row_dot, q.data(), kj);
-          for (int64_t x = 0; x < d; ++x) dq[x] = std::fmaf(ds, kj[x], dq[x]);
-        }
-        store_floats(args.dq, element_offset(args.dq, b, i, h), d, dq.data());
-      }
-    });
-
-    // Phase 2, one task per kv group (b, hkv): dk and dv (attention_bwd_dkv),
-    // summed over the group's query heads privately, without atomics.
-    parallel_for(g1 - g0, [&](int64_t task) {
-      const int64_t g = g0 + task;
-      const int64_t b = g / shape.Hkv;
-      const int64_t hkv = g % shape.Hkv;
-      std::vector<float> K(Tk * d), V(Tk * d), Q(rep * Tq * d), dO(rep * Tq * d);
-      std::vector<float> dk(Tk * d, 0.0f), dv(Tk * d, 0.0f);
-      load_head(args.k, b, hkv, Tk, d, K.data());
-      load_head(args.v, b, hkv, Tk, d, V.data());
-      for (int64_t r = 0; r < rep; ++r) {
-        const int64_t h = hkv * rep + r;
-        for (int64_t i = 0; i < Tq; ++i) {
-          load_floats(args.q, element_offset(args.q, b, i, h), d, Q.data() + (r * Tq + i) * d);
-          load_floats(args.dout, element_offset(args.dout, b, i, h), d,
-                      dO.data() + (r * Tq + i) * d);
-        }
-      }
-
-      // The seed runs j outermost (one thread per kv row) and then r, i. Here
-      // j is innermost so P is read along its rows; each dk[j], dv[j] still
-      // sees its terms in the seed's (r, i) order, so every bit is the same.
-      for (int64_t r = 0; r < rep; ++r) {
-        for (int64_t i = 0; i < Tq; ++i) {
-          const float* prow = P.data() + ((task * rep + r) * Tq + i) * Tk;
-          const float* qi = Q.data() + (r * Tq + i) * d;
-          const float* doi = dO.data() + (r * Tq + i) * d;
-          const float row_dot = D[(task * rep + r) * Tq + i];
-          for (int64_t j = 0; j < Tk; ++j) {
-            const float prob = prow[j];
-            if (prob == 0.0f) continue;
-            const float* vj = V.data() + j * d;
-            const float* kj = K.data() + j * d;
-            const float dp = fma_dot(doi, vj, d);
-            const float ds = seed_ds(shape, prob, dp, row_dot, qi, kj);
-            float* dkj = dk.data() + j * d;
-            float* dvj = dv.data() + j * d;
-            for (int64_t x = 0; x < d; ++x) {
-              dvj[x] = std::fmaf(prob, doi[x], dvj[x]);
-              dkj[x] = std::fmaf(ds, qi[x], dkj[x]);
-            }
+          const float* vj = s.V.data() + j * d;
+          const float* kj = s.K.data() + j * d;
+          const float dp = fma_dot(doi, vj, d);
+          const float ds = seed_ds(shape, prob, dp, row_dot, qi, kj);
+          float* dkj = s.dk.data() + j * d;
+          float* dvj = s.dv.data() + j * d;
+          for (int64_t x = 0; x < d; ++x) {
+            dvj[x] = std::fmaf(prob, doi[x], dvj[x]);
+            dkj[x] = std::fmaf(ds, qi[x], dkj[x]);
           }
         }
       }
-      for (int64_t j = 0; j < Tk; ++j) {
-        store_floats(args.dk, element_offset(args.dk, b, j, hkv), d, dk.data() + j * d);
-        store_floats(args.dv, element_offset(args.dv, b, j, hkv), d, dv.data() + j * d);
-      }
-    });
-  }
+    }
+    for (int64_t j = 0; j < Tk; ++j) {
+      store_floats(args.dk, element_offset(args.dk, b, j, hkv), d, s.dk.data() + j * d);
+      store_floats(args.dv, element_offset(args.dv, b, j, hkv), d, s.dv.data() + j * d);
+    }
+  });
 }
 
 }  // namespace gqattn::cpu

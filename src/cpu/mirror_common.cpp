@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "cpu/mirror.hpp"
 #include "gqattn/dtype.hpp"
@@ -23,7 +24,7 @@ MirrorShape mirror_shape(const Problem& problem) {
   s.d = problem.d;
   s.rep = problem.H / problem.Hkv;
   s.off = problem.Tk - problem.Tq;
-  s.window = problem.window;
+  s.window = problem.effective_window();
   s.causal = problem.causal;
   // Dispatch resolves the scale before calling a backend; effective_scale()
   // returns that same value and keeps direct callers working too.
@@ -35,6 +36,7 @@ MirrorShape mirror_shape(const Problem& problem) {
 KeptRange kept_range(const MirrorShape& shape, int64_t i) {
   // The seed's jmin/jmax with Tq == Tk generalised by the offset; signed so
   // that a query before every key (causal, Tq > Tk) gives an empty range.
+  // pos is in [Tk - Tq, Tk - 1] and window in [0, Tk - 1]: no overflow.
   const int64_t pos = i + shape.off;
   KeptRange r;
   r.last = shape.causal ? std::min(pos, shape.Tk - 1) : shape.Tk - 1;
@@ -53,33 +55,42 @@ RowSoftmax softmax_row(const MirrorShape& shape, int64_t i, const float* q, cons
   RowSoftmax row;
   row.kept = kept_range(shape, i);
   const int64_t first = row.kept.first;
-  const int64_t last = row.kept.last;
-  if (row.kept.empty()) {
-    std::fill(prow, prow + shape.Tk, 0.0f);
-    return row;
-  }
+  const int64_t n = row.kept.last - first + 1;
+  if (row.kept.empty()) return row;
 
   float m = -FLT_MAX;
-  for (int64_t j = first; j <= last; ++j) {
-    float s = fma_dot(q, K + j * shape.d, shape.d);
+  for (int64_t x = 0; x < n; ++x) {
+    float s = fma_dot(q, K + (first + x) * shape.d, shape.d);
     s *= shape.scale;
     if (shape.softcap > 0.0f) s = shape.softcap * std::tanh(s / shape.softcap);
-    prow[j] = s;
+    prow[x] = s;
     m = std::max(m, s);
   }
   float sum = 0.0f;
-  for (int64_t j = first; j <= last; ++j) {
-    const float e = std::exp(prow[j] - m);
-    prow[j] = e;
+  for (int64_t x = 0; x < n; ++x) {
+    const float e = std::exp(prow[x] - m);
+    prow[x] = e;
     sum += e;
   }
   const float inv = 1.0f / sum;
-  for (int64_t j = 0; j < first; ++j) prow[j] = 0.0f;
-  for (int64_t j = first; j <= last; ++j) prow[j] *= inv;
-  for (int64_t j = last + 1; j < shape.Tk; ++j) prow[j] = 0.0f;
+  for (int64_t x = 0; x < n; ++x) prow[x] *= inv;
   row.m = m;
   row.sum = sum;
   return row;
+}
+
+// A causal row keeps min(window, pos + 1) keys; a non-causal one all keys
+// from max(pos - window + 1, 0) on, at most min(Tk, Tq + window - 1) (the
+// first row, pos = Tk - Tq). window < Tk, so no sum here overflows.
+int64_t max_kept(const MirrorShape& shape) {
+  if (shape.window == 0) return shape.Tk;
+  if (shape.causal) return shape.window;
+  return std::min(shape.Tk, shape.Tq + shape.window - 1);
+}
+
+std::vector<float> scratch_floats(int64_t n) {
+  if (n < 0 || static_cast<uint64_t>(n) > std::vector<float>().max_size()) throw std::bad_alloc();
+  return std::vector<float>(static_cast<std::size_t>(n));
 }
 
 void load_floats(const TensorRef& t, int64_t offset, int64_t n, float* out) {

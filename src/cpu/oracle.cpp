@@ -86,7 +86,9 @@ bool kept(const Problem& problem, int64_t i, int64_t j) {
   const int64_t position = i + (problem.Tk - problem.Tq);  // query i's absolute position
   if (j < 0 || j >= problem.Tk) return false;
   if (problem.causal && j > position) return false;
-  if (problem.window != 0 && j < position - problem.window + 1) return false;
+  // effective_window(): 0 or below Tk, so position - window + 1 cannot overflow.
+  const int64_t window = problem.effective_window();
+  if (window != 0 && j < position - window + 1) return false;
   return true;
 }
 

@@ -166,7 +166,8 @@ inline bool has_nan(const std::vector<float>& x) {
 // forward, then backward with forward's o and lse, on the cpu backend through
 // the public API. Outputs start as NaN; a NaN left in an output (an element
 // never written) or a write outside a view is a test failure.
-inline Outputs run_cpu(const Inputs& in, DType dtype = DType::f32, Layout layout = Layout::packed) {
+inline Outputs run_cpu(const Inputs& in, DType dtype = DType::f32, Layout layout = Layout::packed,
+                       int num_threads = 0) {
   const Problem& p = in.problem;
   const int64_t qs[4] = {p.B, p.Tq, p.H, p.d}, ks[4] = {p.B, p.Tk, p.Hkv, p.d};
   const int64_t ls[4] = {p.B, p.H, p.Tq, 1};
@@ -180,6 +181,7 @@ inline Outputs run_cpu(const Inputs& in, DType dtype = DType::f32, Layout layout
   dout.fill(in.dout);
   Options options;
   options.backend = Backend::Cpu;
+  options.num_threads = num_threads;
   forward(p, q.ref(), k.ref(), v.ref(), o.ref(), lse.ref(), options);
   backward(p, q.ref(), k.ref(), v.ref(), o.ref(), lse.ref(), dout.ref(), dq.ref(), dk.ref(),
            dv.ref(), options);
