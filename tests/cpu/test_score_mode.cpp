@@ -36,15 +36,10 @@ TEST(ScoreMode, NoSoftcapIsPlain) {
   EXPECT_EQ(mode_for(0.0f, ElemType::f16), ScoreMode::plain);
 }
 
-// With kSoftcapWithoutRowMax off (score_mode.hpp says why) these keep the
-// running maximum too.
-TEST(ScoreMode, Bf16SoftcapWithinTheBoundFollowsTheSwitch) {
+TEST(ScoreMode, Bf16SoftcapWithinTheBoundDropsTheRowMax) {
   EXPECT_NEAR(kLargestCap, 52.68f, 0.01f);
-  const ScoreMode expected = gqattn::fused::kSoftcapWithoutRowMax
-                                 ? ScoreMode::softcap_without_row_max
-                                 : ScoreMode::softcap;
   for (float cap : {1e-30f, 1.0f, 20.0f, 30.0f, 50.0f, 52.6f})
-    EXPECT_EQ(mode_for(cap, ElemType::bf16), expected) << cap;
+    EXPECT_EQ(mode_for(cap, ElemType::bf16), ScoreMode::softcap_without_row_max) << cap;
 }
 
 TEST(ScoreMode, LargerCapsAndF16KeepTheRowMax) {

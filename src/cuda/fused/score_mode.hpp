@@ -38,24 +38,18 @@ enum class ScoreMode {
   softcap_without_row_max,  // softcap, P = 2^(v mult) with no offset (see above)
 };
 
-// Switch: off, every softcap problem keeps the running row maximum (and the
-// no-offset kernels are not compiled). Without the maximum no P is exactly
-// 1, so o must be normalised by the row sums of the 16-bit P its numerator
-// used (the kernels form them on the tensor cores: P times ones), not by the
-// f32 sums: the first H200 version did the latter, and one-key rows got o =
-// v (1 + bf16 rounding of their P), which the backward's D = rowsum(dO o)
-// turned into dq, dk errors over the oracle's tolerance (cuda-hopper
-// T1_softcap30_d256 dq 0.052 vs 0.0078; cuda-flash T160 causal large
-// logits dq 0.028 vs 0.024). lse still comes from the f32 sums. Measured:
-// docs/decisions/fused-softcap-without-row-max.md.
-constexpr bool kSoftcapWithoutRowMax = true;
+// Without the row maximum no P is exactly 1, so o is normalised by the row
+// sums of the 16-bit P its numerator used (the kernels form them on the
+// tensor cores: P times ones), not by the f32 sums, which left one-key rows
+// over the oracle's tolerance after the backward; lse still comes from the
+// f32 sums. Measured: docs/decisions/fused-softcap-without-row-max.md.
 
 // The largest mult (= cap log2 e) the no-offset mode takes.
 constexpr float kMaxUnshiftedExponent = 76.0f;
 
 inline ScoreMode score_mode(const ScoreArgs& score, ElemType elem) {
   if (!score.softcap) return ScoreMode::plain;
-  if (kSoftcapWithoutRowMax && elem == ElemType::bf16 && score.mult <= kMaxUnshiftedExponent)
+  if (elem == ElemType::bf16 && score.mult <= kMaxUnshiftedExponent)
     return ScoreMode::softcap_without_row_max;
   return ScoreMode::softcap;
 }
