@@ -2,7 +2,10 @@
 //   gqattn check [flags]  forward + backward on each backend against the f64 oracle
 //   gqattn info           build configuration, CUDA devices, backends and why not
 //   gqattn explain [flags] which backend runs a problem, with which plan, or why not
-// Usage errors print one line and exit 2; a failed check exits 1.
+// Usage errors print one line and exit 2; a failed check exits 1; a runtime
+// failure (out of memory, a CUDA error) exits 3.
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -17,6 +20,7 @@ namespace {
 
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitRuntime = 3;
 
 const char* kHelp = R"(gqattn: exact attention with grouped-query heads, causal and sliding-window
 masks and logit soft-capping, forward and backward, on the CPU and NVIDIA GPUs.
@@ -75,16 +79,17 @@ int64_t parse_int(const std::string& flag, const std::string& text) {
   return value;
 }
 
+// Any finite float, subnormals included (std::stof refuses those as out
+// of range); a value beyond the float range is refused.
 float parse_float(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  float value = 0.0f;
-  try {
-    value = std::stof(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty())
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const float value = std::strtof(begin, &end);
+  if (text.empty() || end != begin + text.size())
     throw UsageError{flag + " expects a number, got '" + text + "'"};
+  if (errno == ERANGE && std::isinf(value))
+    throw UsageError{flag + " = " + text + " is out of the float range"};
   return value;
 }
 
@@ -189,9 +194,13 @@ int run_check(const std::vector<std::string>& args) {
       gqattn::explain(p, c.dtype, gqattn::Device::cpu, gqattn::Backend::Cpu);
   if (!cpu_view.supported) throw UsageError{cpu_view.reason};
   // An explicitly named backend that cannot run is an error, not a skip.
+  // Auto runs where check::run runs it: on CUDA when a device is visible,
+  // else on the CPU.
   if (!all) {
     const gqattn::Backend b = backends.front();
-    const auto device = b == gqattn::Backend::Cpu ? gqattn::Device::cpu : gqattn::Device::cuda;
+    const bool on_cpu =
+        b == gqattn::Backend::Cpu || (b == gqattn::Backend::Auto && gqattn::cuda_devices().empty());
+    const auto device = on_cpu ? gqattn::Device::cpu : gqattn::Device::cuda;
     const gqattn::Explanation why = gqattn::explain(p, c.dtype, device, b);
     if (!why.supported) throw UsageError{why.reason};
   }
@@ -211,7 +220,16 @@ int run_check(const std::vector<std::string>& args) {
     config.backend = b;
     config.seed = c.seed;
     config.backward = c.backward;
-    const gqattn::check::Report report = gqattn::check::run(config);
+    gqattn::check::Report report;
+    try {
+      report = gqattn::check::run(config);
+    } catch (const std::exception& e) {
+      // The arguments were valid: whatever fails now is a runtime failure.
+      std::fflush(stdout);
+      std::fprintf(stderr, "gqattn: %s: error while running: %s\n", gqattn::backend_name(b),
+                   e.what());
+      return kExitRuntime;
+    }
     print_report(report);
     ran += report.ran ? 1 : 0;
     failed = failed || (report.ran && !report.pass);
@@ -304,6 +322,6 @@ int main(int argc, char** argv) {
     return kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gqattn: error: %s\n", e.what());
-    return kExitFailed;
+    return kExitRuntime;
   }
 }
