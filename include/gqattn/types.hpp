@@ -1,7 +1,7 @@
 // gqattn public types: the problem description, tensor references and options.
 //
 // Everything a caller passes to forward()/backward() is described here. The
-// semantics every backend meets are in docs/semantics.md (and DESIGN §1).
+// semantics every backend meets are in docs/semantics.md.
 #pragma once
 
 #include <cstddef>
@@ -71,11 +71,12 @@ struct Options {
   void* stream = nullptr;  // cudaStream_t for CUDA backends; ignored on the CPU
   // Same bits on every run (the default). false permits a faster
   // non-deterministic path where a backend has one (cuda-flash's backward
-  // then adds the dQ partials with atomics in hardware order, docs/flash.md):
+  // then adds the dQ partials with atomics in hardware order,
+  // docs/backends/cuda-flash.md):
   // results stay within the same tolerances but may differ in the last bits
   // from run to run. Backends and passes without such a path ignore it and
   // stay deterministic (cuda-hopper: its ordered dQ adds measured faster
-  // than unordered ones, docs/hopper.md).
+  // than unordered ones, docs/backends/cuda-hopper.md).
   bool deterministic = true;
   // Threads of the CPU backend (and the oracle): 0 = the library's default
   // (std::thread::hardware_concurrency()); n > 0 = at most n threads, the
