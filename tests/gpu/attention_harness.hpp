@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "api/plan_override.hpp"
 #include "gpu_test_util.hpp"
 #include "gqattn/attention.hpp"
 #include "gqattn/dtype.hpp"
@@ -388,15 +389,15 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// ---- benchmarking switches ---------------------------------------------------
+// ---- forced plans ------------------------------------------------------------
 
-// The Error of a backward on `backend` (bf16, packed layouts) with the
-// environment switch `var` = `value` and Options::deterministic =
-// `deterministic`, which must throw; dq, dk and dv (poisoned before) must
-// still be all poison afterwards.
-inline Error backward_switch_error(const Problem& p, Backend backend, const char* var,
-                                   const char* value, bool deterministic) {
-  const ScopedEnv env(var, value);
+// The Error of a backward on `backend` (bf16, packed layouts) with the plan
+// `force` forced through the plan override (api/plan_override.hpp) and
+// Options::deterministic = `deterministic`, which must throw; dq, dk and dv
+// (poisoned before) must still be all poison afterwards.
+inline Error backward_forced_error(const Problem& p, Backend backend,
+                                   const detail::PlanOverride& force, bool deterministic) {
+  const detail::ScopedPlanOverride scope(force);
   constexpr std::size_t kElem = 2;
   const std::size_t q_bytes = std::size_t(p.B * p.Tq * p.H * p.d) * kElem;
   const std::size_t kv_bytes = std::size_t(p.B * p.Tk * p.Hkv * p.d) * kElem;
@@ -420,7 +421,7 @@ inline Error backward_switch_error(const Problem& p, Backend backend, const char
     error = e;
     thrown = true;
   }
-  EXPECT_TRUE(thrown) << var << "=" << value << " deterministic=" << deterministic
+  EXPECT_TRUE(thrown) << "forced " << detail::to_string(force) << " deterministic=" << deterministic
                       << " was accepted";
   for (const DeviceBuffer* b : {&dq, &dk, &dv})
     for (uint16_t bits : b->download<uint16_t>()) EXPECT_EQ(bits, 0xFFFFu) << "written";

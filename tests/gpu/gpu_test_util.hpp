@@ -1,6 +1,5 @@
 // Generic helpers for GPU tests: the skip rule, RAII device buffers, upload
-// and download, NaN poisoning (and, from scoped_env.hpp, scoped environment
-// variables). Header-only; every GPU test may use it.
+// and download, NaN poisoning. Header-only; every GPU test may use it.
 //
 // Every GPU test starts with GQATTN_SKIP_WITHOUT_CUDA(), so on a machine
 // without a usable device (and in a build without CUDA) the whole suite
@@ -12,7 +11,6 @@
 #include <string>
 
 #include "gqattn/attention.hpp"
-#include "scoped_env.hpp"
 
 namespace gqattn::test {
 

@@ -6,22 +6,23 @@
 // mode of flash/score_mode.hpp), rows with no kept key,
 // bf16 and f16, padded strides. Every case skips, saying why, where
 // cuda-flash cannot run (no usable device, or too little shared memory).
-// Every case runs with each dQ strategy (GQATTN_FLASH_DQ=separate, =ordered
-// and =atomic, see src/cuda/flash/tile_sizes.hpp), plus longer cases where
+// Every case runs with each dQ strategy (separate, fused in a fixed order
+// and atomic, see src/cuda/flash/tile_sizes.hpp), forced through the plan
+// override (dq=separate, dq=fused, dq=atomic), plus longer cases where
 // many key tiles add into each query tile (the ordered path's counters).
 // Separate and ordered are checked for bitwise determinism across runs;
 // atomic (Options::deterministic = false) only against the oracle. Every
-// case runs again on the small-shared-memory dK/dV tiles
-// (GQATTN_FLASH_DKDV_TILE=small), which sm86 / sm89 (d64, d128) and sm80
-// (d256) devices take, and the d256 cases on d256's smaller tile
-// (GQATTN_FLASH_DKDV_TILE=smaller, sm86 / sm89; fused dQ only).
+// case runs again on the small-shared-memory dK/dV tiles (dkdv_tile=small
+// forced), which sm86 / sm89 (d64, d128) and sm80 (d256) devices take, and
+// the d256 cases on d256's smaller tile (dkdv_tile=smaller forced, sm86 /
+// sm89; fused dQ only).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "api/plan_override.hpp"
 #include "gpu_test_util.hpp"
 #include "gqattn/attention.hpp"
 #include "gqattn/check.hpp"
@@ -34,6 +35,9 @@ using gqattn::Backend;
 using gqattn::Device;
 using gqattn::DType;
 using gqattn::Problem;
+using gqattn::detail::DkdvTileChoice;
+using gqattn::detail::DqPath;
+using gqattn::detail::PlanOverride;
 
 constexpr uint64_t kSeed = 20261201;
 
@@ -116,20 +120,29 @@ std::vector<FlashCase> all_cases() {
   return all;
 }
 
-// The dQ strategy a test runs with, through the backend's environment
-// switch (null: unset, the backend chooses); the previous value is restored
-// afterwards.
-class ScopedDqStrategy : public gqattn::test::ScopedEnv {
- public:
-  explicit ScopedDqStrategy(const char* strategy) : ScopedEnv("GQATTN_FLASH_DQ", strategy) {}
-};
+// The plan override forcing dQ strategy `dq` (DqPath::rule: the backend
+// chooses) on dK/dV tile `tile` (DkdvTileChoice::rule: the largest the
+// device holds).
+PlanOverride forced(DqPath dq, DkdvTileChoice tile = DkdvTileChoice::rule) {
+  PlanOverride force;
+  force.dq_path = dq;
+  force.dkdv_tile = tile;
+  return force;
+}
 
-// deterministic: Options::deterministic of the calls; when true the outputs
-// are also compared bitwise with a second run's.
-void run_case(const FlashCase& c, bool deterministic = true) {
+// Runs case `c` with the plan `force` forced; deterministic:
+// Options::deterministic of the calls; when true the outputs are also
+// compared bitwise with a second run's. Skips, saying why, where cuda-flash
+// cannot run the case's forward; where it runs the backward unforced, a
+// forced plan it refuses fails the case.
+void run_case(const FlashCase& c, const PlanOverride& force, bool deterministic = true) {
   const gqattn::Explanation why =
       gqattn::explain(c.problem, c.dtype, Device::cuda, Backend::CudaFlash);
   if (!why.supported) GTEST_SKIP() << why.reason;
+  const bool backward_runs =
+      gqattn::explain(c.problem, c.dtype, Device::cuda, Backend::CudaFlash, gqattn::Pass::backward)
+          .supported;
+  const gqattn::detail::ScopedPlanOverride scope(force);
 
   gqattn::check::Config config;
   config.problem = c.problem;
@@ -143,25 +156,21 @@ void run_case(const FlashCase& c, bool deterministic = true) {
   const gqattn::check::Report report = gqattn::check::run(config);
   EXPECT_TRUE(report.ran) << report.skipped;
   EXPECT_EQ(report.backend, Backend::CudaFlash);
+  if (backward_runs) {
+    EXPECT_TRUE(report.backward_skipped.empty()) << report.backward_skipped;
+  }
   EXPECT_TRUE(report.pass) << describe(report);
 }
 
 class FlashVsOracle : public ::testing::TestWithParam<FlashCase> {};
 
-TEST_P(FlashVsOracle, SeparateDq) {
-  const ScopedDqStrategy strategy("separate");
-  run_case(GetParam());
-}
+TEST_P(FlashVsOracle, SeparateDq) { run_case(GetParam(), forced(DqPath::separate)); }
 
-TEST_P(FlashVsOracle, OrderedDq) {
-  const ScopedDqStrategy strategy("ordered");
-  run_case(GetParam());
-}
+TEST_P(FlashVsOracle, OrderedDq) { run_case(GetParam(), forced(DqPath::fused)); }
 
 // Atomic dQ (not deterministic): the oracle's tolerances, no bitwise check.
 TEST_P(FlashVsOracle, AtomicDq) {
-  const ScopedDqStrategy strategy("atomic");
-  run_case(GetParam(), /*deterministic=*/false);
+  run_case(GetParam(), forced(DqPath::atomic), /*deterministic=*/false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashVsOracle, ::testing::ValuesIn(all_cases()), case_name);
@@ -174,21 +183,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlashVsOracle, ::testing::ValuesIn(all_cases())
 class FlashSmallSmemTileVsOracle : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(FlashSmallSmemTileVsOracle, SeparateDq) {
-  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "small");
-  const ScopedDqStrategy strategy("separate");
-  run_case(GetParam());
+  run_case(GetParam(), forced(DqPath::separate, DkdvTileChoice::small));
 }
 
 TEST_P(FlashSmallSmemTileVsOracle, OrderedDq) {
-  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "small");
-  const ScopedDqStrategy strategy("ordered");
-  run_case(GetParam());
+  run_case(GetParam(), forced(DqPath::fused, DkdvTileChoice::small));
 }
 
 TEST_P(FlashSmallSmemTileVsOracle, AtomicDq) {
-  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "small");
-  const ScopedDqStrategy strategy("atomic");
-  run_case(GetParam(), /*deterministic=*/false);
+  run_case(GetParam(), forced(DqPath::atomic, DkdvTileChoice::small), /*deterministic=*/false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSmallSmemTileVsOracle, ::testing::ValuesIn(all_cases()),
@@ -207,37 +210,30 @@ std::vector<FlashCase> d256_cases() {
 class FlashSmallerSmemTileVsOracle : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(FlashSmallerSmemTileVsOracle, OrderedDq) {
-  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "smaller");
-  const ScopedDqStrategy strategy("ordered");
-  run_case(GetParam());
+  run_case(GetParam(), forced(DqPath::fused, DkdvTileChoice::smaller));
 }
 
 TEST_P(FlashSmallerSmemTileVsOracle, AtomicDq) {
-  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "smaller");
-  const ScopedDqStrategy strategy("atomic");
-  run_case(GetParam(), /*deterministic=*/false);
+  run_case(GetParam(), forced(DqPath::atomic, DkdvTileChoice::smaller), /*deterministic=*/false);
 }
 
-// The switch unset: the default strategy on this tile (ordered).
+// The dQ strategy not forced: the rule's on this tile (ordered).
 TEST_P(FlashSmallerSmemTileVsOracle, DefaultDq) {
-  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "smaller");
-  const ScopedDqStrategy strategy(nullptr);
-  run_case(GetParam());
+  run_case(GetParam(), forced(DqPath::rule, DkdvTileChoice::smaller));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSmallerSmemTileVsOracle, ::testing::ValuesIn(d256_cases()),
                          case_name);
 
-// Options::deterministic = false with the switch unset: the backend picks
+// Options::deterministic = false with nothing forced: the backend picks
 // its non-deterministic strategy (atomic) itself. One long case per d.
 TEST(FlashNondeterministic, UnsetStrategyMeetsTheOracle) {
-  const ScopedDqStrategy strategy(nullptr);
   for (const FlashCase& c : long_cases()) {
     if (c.name != "T1100_causal_d128_gqa4" && c.name != "T900_causal_window200_d64" &&
         c.name != "T600_causal_softcap50_d256")
       continue;
     SCOPED_TRACE(c.name);
-    run_case(c, /*deterministic=*/false);
+    run_case(c, PlanOverride{}, /*deterministic=*/false);
   }
 }
 

@@ -1,15 +1,17 @@
 // cuda-flash's refusals and their messages: unsupported head dims and dtypes
 // (host-only, no device needed), Auto preferring cuda-flash where it runs,
 // misaligned tensors getting an Error that names the argument before
-// anything is written, the dK/dV tile switch GQATTN_FLASH_DKDV_TILE refusing
-// an unknown value (and separate dQ on d256's smaller tile), and the dQ strategy switch
-// GQATTN_FLASH_DQ refusing atomic dQ for a deterministic call and unknown values (needs a device;
-// skips without one).
+// anything is written, and forced plans it cannot take refused before
+// anything is written: the atomic dQ forced on a deterministic call, and the
+// separate dQ forced on d256's smaller dK/dV tile (both forced through the
+// plan override; needs a device, skips without one). The override's parse
+// errors are tests/cpu/test_plan_override.cpp's.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
 
+#include "api/plan_override.hpp"
 #include "attention_harness.hpp"
 #include "gpu_test_util.hpp"
 #include "gqattn/attention.hpp"
@@ -133,53 +135,45 @@ TEST(FlashSupport, MisalignedStrideNamesTheArgument) {
   }
 }
 
-gqattn::Error backward_error(const char* strategy, bool deterministic) {
-  return gqattn::test::backward_switch_error(small_problem(64), Backend::CudaFlash,
-                                             "GQATTN_FLASH_DQ", strategy, deterministic);
+gqattn::detail::PlanOverride forced(
+    gqattn::detail::DqPath dq,
+    gqattn::detail::DkdvTileChoice tile = gqattn::detail::DkdvTileChoice::rule) {
+  gqattn::detail::PlanOverride force;
+  force.dq_path = dq;
+  force.dkdv_tile = tile;
+  return force;
 }
 
+// Forced atomic dQ on a deterministic call: refused at the call, before
+// anything is written.
 TEST(FlashSupport, AtomicDqNeedsNondeterministicCall) {
-  const gqattn::Explanation why =
-      gqattn::explain(small_problem(64), DType::bf16, Device::cuda, Backend::CudaFlash);
+  const gqattn::Explanation why = gqattn::explain(small_problem(64), DType::bf16, Device::cuda,
+                                                  Backend::CudaFlash, gqattn::Pass::backward);
   if (!why.supported) GTEST_SKIP() << why.reason;
-  const gqattn::Error e = backward_error("atomic", /*deterministic=*/true);
-  EXPECT_EQ(e.argument(), "GQATTN_FLASH_DQ = atomic") << e.what();
-  EXPECT_NE(e.rule().find("needs Options::deterministic = false"), std::string::npos) << e.what();
-}
-
-TEST(FlashSupport, UnknownDqStrategyNamesTheSwitch) {
-  const gqattn::Explanation why =
-      gqattn::explain(small_problem(64), DType::bf16, Device::cuda, Backend::CudaFlash);
-  if (!why.supported) GTEST_SKIP() << why.reason;
-  const gqattn::Error e = backward_error("atomc", /*deterministic=*/false);
-  EXPECT_EQ(e.argument(), "GQATTN_FLASH_DQ = 'atomc'") << e.what();
-  EXPECT_NE(e.rule().find("must be ordered, separate or atomic"), std::string::npos) << e.what();
-}
-
-TEST(FlashSupport, UnknownDkdvTileNamesTheSwitch) {
-  const gqattn::Explanation why =
-      gqattn::explain(small_problem(64), DType::bf16, Device::cuda, Backend::CudaFlash);
-  if (!why.supported) GTEST_SKIP() << why.reason;
-  const gqattn::Error e = gqattn::test::backward_switch_error(
-      small_problem(64), Backend::CudaFlash, "GQATTN_FLASH_DKDV_TILE", "smal", true);
-  EXPECT_EQ(e.argument(), "GQATTN_FLASH_DKDV_TILE = 'smal'") << e.what();
-  EXPECT_NE(e.rule().find("must be default, small or smaller"), std::string::npos) << e.what();
+  const gqattn::Error e = gqattn::test::backward_forced_error(
+      small_problem(64), Backend::CudaFlash, forced(gqattn::detail::DqPath::atomic),
+      /*deterministic=*/true);
+  EXPECT_EQ(e.argument(), "backend") << e.what();
+  EXPECT_EQ(e.rule(),
+            "cuda-flash: dq=atomic: cuda-flash's atomic dQ is not deterministic: it needs "
+            "Options::deterministic = false")
+      << e.what();
 }
 
 // d256's smaller dK/dV tile (sm86 / sm89, or forced) has no separate dQ
-// kernel: asking for it is refused before anything is written.
+// kernel: forcing it there is refused before anything is written.
 TEST(FlashSupport, SeparateDqOnTheSmallerTileNamesTheRule) {
-  const gqattn::Explanation why =
-      gqattn::explain(small_problem(256), DType::bf16, Device::cuda, Backend::CudaFlash);
+  const gqattn::Explanation why = gqattn::explain(small_problem(256), DType::bf16, Device::cuda,
+                                                  Backend::CudaFlash, gqattn::Pass::backward);
   if (!why.supported) GTEST_SKIP() << why.reason;
-  const gqattn::test::ScopedEnv tile("GQATTN_FLASH_DKDV_TILE", "smaller");
-  const gqattn::Error e = gqattn::test::backward_switch_error(
-      small_problem(256), Backend::CudaFlash, "GQATTN_FLASH_DQ", "separate", true);
-  EXPECT_EQ(e.argument(), "GQATTN_FLASH_DQ = separate") << e.what();
+  const gqattn::Error e = gqattn::test::backward_forced_error(
+      small_problem(256), Backend::CudaFlash,
+      forced(gqattn::detail::DqPath::separate, gqattn::detail::DkdvTileChoice::smaller),
+      /*deterministic=*/true);
+  EXPECT_EQ(e.argument(), "backend") << e.what();
   EXPECT_EQ(e.rule(),
-            "not supported: cuda-flash's backward at d=256 on devices with less than 145 KB of "
-            "shared memory per block (and with GQATTN_FLASH_DKDV_TILE = smaller) runs only the "
-            "fused dQ paths, ordered and atomic")
+            "cuda-flash: dq=separate: not supported: cuda-flash's backward at d=256 on its "
+            "smaller dK/dV tile runs only the fused dQ paths")
       << e.what();
 }
 

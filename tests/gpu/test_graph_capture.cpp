@@ -7,10 +7,11 @@
 // written (outputs NaN-poisoned before each run). Captured in the global
 // mode (any call that is unsafe while a stream captures fails the capture)
 // and in the relaxed mode. Per CUDA backend and, for cuda-hopper, per dQ
-// path: the fused path launches its conversion kernel by programmatic
-// dependent launch, the separate path a third kernel; and cuda-hopper's
-// split-KV decoding forward, whose combine kernel is a programmatic
-// dependent launch too (kCombineOverlap). Skips, saying why,
+// path (forced through the plan override): the fused path launches its
+// conversion kernel by programmatic dependent launch, the separate path a
+// third kernel; and cuda-hopper's split-KV decoding forward (three splits,
+// forced), whose combine kernel is a programmatic dependent launch too
+// (kCombineOverlap). Skips, saying why,
 // where a backend cannot run the problem.
 #include <gtest/gtest.h>
 
@@ -18,10 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "api/plan_override.hpp"
 #include "attention_harness.hpp"
 #include "gpu_test_util.hpp"
 #include "gqattn/attention.hpp"
-#include "scoped_env.hpp"
 
 #ifdef GQATTN_WITH_CUDA
 
@@ -38,12 +39,13 @@ constexpr uint64_t kSeed = 20261203;
 struct CaptureCase {
   const char* name;
   Backend backend;
-  const char* dq_path;  // GQATTN_HOPPER_DQ, or nullptr
+  // The plan forced (parse_plan_override's text; "": the rules').
+  const char* force;
   cudaStreamCaptureMode mode;
   // A decoding step (decoding_problem) in place of capture_problem: on
-  // cuda-hopper its forward packs the query heads and, with
-  // GQATTN_HOPPER_SPLIT_KV=3, splits the keys, so a second kernel (the
-  // combine) and its partials' workspace are captured too.
+  // cuda-hopper its forward packs the query heads and, with splits=3
+  // forced, splits the keys, so a second kernel (the combine) and its
+  // partials' workspace are captured too.
   bool decoding = false;
 };
 
@@ -194,8 +196,7 @@ TEST_P(GraphCapture, ReplaysGiveTheEagerBitsOfTheCurrentInputs) {
     const gqattn::Explanation e = gqattn::explain(p, dtype, gqattn::Device::cuda, c.backend, pass);
     if (!e.supported) GTEST_SKIP() << gqattn::backend_name(c.backend) << ": " << e.reason;
   }
-  const gqattn::test::ScopedEnv path("GQATTN_HOPPER_DQ", c.dq_path);
-  const gqattn::test::ScopedEnv split("GQATTN_HOPPER_SPLIT_KV", c.decoding ? "3" : nullptr);
+  const gqattn::detail::ScopedPlanOverride scope(gqattn::detail::parse_plan_override(c.force));
   const Inputs first = gqattn::test::random_inputs(p, dtype, kSeed);
   const Inputs second = gqattn::test::random_inputs(p, dtype, kSeed + 1);
   Buffers buffers(p, dtype);
@@ -225,19 +226,18 @@ TEST_P(GraphCapture, ReplaysGiveTheEagerBitsOfTheCurrentInputs) {
 INSTANTIATE_TEST_SUITE_P(
     Backends, GraphCapture,
     ::testing::Values(
-        CaptureCase{"hopper_fused_dq_global", Backend::CudaHopper, "fused",
+        CaptureCase{"hopper_fused_dq_global", Backend::CudaHopper, "dq=fused",
                     cudaStreamCaptureModeGlobal},
-        CaptureCase{"hopper_separate_dq_global", Backend::CudaHopper, "separate",
+        CaptureCase{"hopper_separate_dq_global", Backend::CudaHopper, "dq=separate",
                     cudaStreamCaptureModeGlobal},
-        CaptureCase{"hopper_fused_dq_relaxed", Backend::CudaHopper, "fused",
+        CaptureCase{"hopper_fused_dq_relaxed", Backend::CudaHopper, "dq=fused",
                     cudaStreamCaptureModeRelaxed},
-        CaptureCase{"hopper_decoding_split_kv_global", Backend::CudaHopper, nullptr,
+        CaptureCase{"hopper_decoding_split_kv_global", Backend::CudaHopper, "splits=3",
                     cudaStreamCaptureModeGlobal, true},
-        CaptureCase{"flash_global", Backend::CudaFlash, nullptr, cudaStreamCaptureModeGlobal},
-        CaptureCase{"flash_relaxed", Backend::CudaFlash, nullptr, cudaStreamCaptureModeRelaxed},
-        CaptureCase{"unfused_global", Backend::CudaUnfused, nullptr, cudaStreamCaptureModeGlobal},
-        CaptureCase{"unfused_relaxed", Backend::CudaUnfused, nullptr,
-                    cudaStreamCaptureModeRelaxed}),
+        CaptureCase{"flash_global", Backend::CudaFlash, "", cudaStreamCaptureModeGlobal},
+        CaptureCase{"flash_relaxed", Backend::CudaFlash, "", cudaStreamCaptureModeRelaxed},
+        CaptureCase{"unfused_global", Backend::CudaUnfused, "", cudaStreamCaptureModeGlobal},
+        CaptureCase{"unfused_relaxed", Backend::CudaUnfused, "", cudaStreamCaptureModeRelaxed}),
     case_name);
 
 }  // namespace

@@ -11,9 +11,12 @@
 // the Q/dO and K/V rings several times; for d <= 128 both dQ paths, and
 // the fused one also with Options::deterministic = false (which cuda-hopper
 // runs with its ordered adds all the same); the dK/dV grid in groups of
-// pairs (GQATTN_HOPPER_DKDV_GROUP). Also: d = 256 is no longer refused; a
-// dk stride TMA cannot store sends all three gradients through the plain
-// stores, which must give the bits of the staged TMA stores.
+// pairs. The dQ paths and the grid order are forced through the plan
+// override (api/plan_override.hpp). Also: d = 256 is no longer refused;
+// forcing a dQ path cuda-hopper cannot take (fused at d = 256, atomic) is
+// refused before anything is written; a dk stride TMA cannot store sends
+// all three gradients through the plain stores, which must give the bits
+// of the staged TMA stores.
 // Every case skips, saying why, where cuda-hopper's backward cannot run (no
 // device, not sm_90, no sm_90a code in the build).
 #include <gtest/gtest.h>
@@ -23,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "api/plan_override.hpp"
 #include "attention_harness.hpp"
 #include "gpu_test_util.hpp"
 #include "gqattn/attention.hpp"
@@ -37,6 +41,8 @@ using gqattn::Device;
 using gqattn::DType;
 using gqattn::Pass;
 using gqattn::Problem;
+using gqattn::detail::DqPath;
+using gqattn::detail::PlanOverride;
 
 constexpr uint64_t kSeed = 20261203;
 
@@ -190,17 +196,24 @@ std::vector<BackwardCase> fused_dq_cases() {
   return out;
 }
 
-// Runs case `c` down dQ path `dq_path` (GQATTN_HOPPER_DQ) with
+// The plan override forcing dQ path `dq_path` (DqPath::rule: the rule's)
+// and `dkdv_group_pairs` pairs a group of the dK/dV grid (-1: the rule's
+// grid order).
+PlanOverride forced(DqPath dq_path, int dkdv_group_pairs = -1) {
+  PlanOverride force;
+  force.dq_path = dq_path;
+  force.dkdv_group_pairs = dkdv_group_pairs;
+  return force;
+}
+
+// Runs case `c` with the plan `force` forced (dQ path, grid order) and
 // Options::deterministic = `deterministic` and expects it to pass the
 // oracle (and, when deterministic, the bitwise rerun); skips, saying why,
 // where cuda-hopper's backward cannot run.
-// dkdv_group: GQATTN_HOPPER_DKDV_GROUP (null: the rule's grid order).
-void expect_path_passes(const BackwardCase& c, const char* dq_path, bool deterministic,
-                        const char* dkdv_group = nullptr) {
+void expect_path_passes(const BackwardCase& c, const PlanOverride& force, bool deterministic) {
   const std::string why = why_not_backward(c.problem, c.dtype);
   if (!why.empty()) GTEST_SKIP() << why;
-  const gqattn::test::ScopedEnv path("GQATTN_HOPPER_DQ", dq_path);
-  const gqattn::test::ScopedEnv group("GQATTN_HOPPER_DKDV_GROUP", dkdv_group);
+  const gqattn::detail::ScopedPlanOverride scope(force);
   gqattn::check::Config config;
   config.problem = c.problem;
   config.dtype = c.dtype;
@@ -218,16 +231,20 @@ void expect_path_passes(const BackwardCase& c, const char* dq_path, bool determi
 class HopperBackwardDqPaths : public ::testing::TestWithParam<BackwardCase> {};
 
 // Fused dQ with its semaphore-ordered adds.
-TEST_P(HopperBackwardDqPaths, FusedOrdered) { expect_path_passes(GetParam(), "fused", true); }
+TEST_P(HopperBackwardDqPaths, FusedOrdered) {
+  expect_path_passes(GetParam(), forced(DqPath::fused), true);
+}
 
 // The separate dQ kernel.
-TEST_P(HopperBackwardDqPaths, Separate) { expect_path_passes(GetParam(), "separate", true); }
+TEST_P(HopperBackwardDqPaths, Separate) {
+  expect_path_passes(GetParam(), forced(DqPath::separate), true);
+}
 
 // Options::deterministic = false: cuda-hopper has no non-deterministic dQ
 // (its ordered adds measured faster), so the fused path runs as ever and
 // must still pass the oracle.
 TEST_P(HopperBackwardDqPaths, FusedNondeterministicOption) {
-  expect_path_passes(GetParam(), "fused", false);
+  expect_path_passes(GetParam(), forced(DqPath::fused), false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardDqPaths, ::testing::ValuesIn(fused_dq_cases()),
@@ -249,16 +266,17 @@ std::vector<BackwardCase> grouped_grid_cases() {
 
 class HopperBackwardGroupedGrid : public ::testing::TestWithParam<BackwardCase> {};
 
-const char* dq_path_for_grouping(const BackwardCase& c) {
-  return c.problem.d <= 128 ? "fused" : nullptr;
+// Fused dQ for d <= 128; d = 256 the rule's (separate, its only path).
+PlanOverride grouped(const BackwardCase& c, int pairs) {
+  return forced(c.problem.d <= 128 ? DqPath::fused : DqPath::rule, pairs);
 }
 
 TEST_P(HopperBackwardGroupedGrid, OnePairAGroup) {
-  expect_path_passes(GetParam(), dq_path_for_grouping(GetParam()), true, "1");
+  expect_path_passes(GetParam(), grouped(GetParam(), 1), true);
 }
 
 TEST_P(HopperBackwardGroupedGrid, ThreePairsAGroup) {
-  expect_path_passes(GetParam(), dq_path_for_grouping(GetParam()), true, "3");
+  expect_path_passes(GetParam(), grouped(GetParam(), 3), true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardGroupedGrid,
@@ -284,30 +302,30 @@ TEST(HopperBackwardSupport, D256Supported) {
 }
 
 #ifdef GQATTN_WITH_CUDA
-// The dQ path switch names itself when misused; nothing is written.
-TEST(HopperBackwardSupport, DqPathSwitchErrors) {
+// A forced dQ path cuda-hopper cannot take is refused before anything is
+// written, naming the forced field: the fused dQ at d = 256, and the atomic
+// dQ (cuda-hopper's adds are always ordered), also on a call that allows
+// it.
+TEST(HopperBackwardSupport, ImpossibleForcedDqPathIsRefused) {
   const Problem p = d256_problem();
   const std::string why = why_not_backward(p, DType::bf16);
   if (!why.empty()) GTEST_SKIP() << why;
-  const gqattn::Error fused = gqattn::test::backward_switch_error(
-      p, Backend::CudaHopper, "GQATTN_HOPPER_DQ", "fused", /*deterministic=*/true);
-  EXPECT_EQ(fused.argument(), "GQATTN_HOPPER_DQ = fused") << fused.what();
-  EXPECT_NE(fused.rule().find("needs d <= 128"), std::string::npos) << fused.what();
-  const gqattn::Error unknown = gqattn::test::backward_switch_error(
-      p, Backend::CudaHopper, "GQATTN_HOPPER_DQ", "fuse", /*deterministic=*/true);
-  EXPECT_EQ(unknown.argument(), "GQATTN_HOPPER_DQ = 'fuse'") << unknown.what();
-}
-
-// So does the grid order switch.
-TEST(HopperBackwardSupport, GridGroupSwitchErrors) {
-  const Problem p = d256_problem();
-  const std::string why = why_not_backward(p, DType::bf16);
-  if (!why.empty()) GTEST_SKIP() << why;
-  for (const char* value : {"-1", "eight", "8x"}) {
-    const gqattn::Error e = gqattn::test::backward_switch_error(
-        p, Backend::CudaHopper, "GQATTN_HOPPER_DKDV_GROUP", value, /*deterministic=*/true);
-    EXPECT_EQ(e.argument(), std::string("GQATTN_HOPPER_DKDV_GROUP = '") + value + "'") << e.what();
-    EXPECT_NE(e.rule().find("whole number"), std::string::npos) << e.what();
+  const gqattn::Error fused = gqattn::test::backward_forced_error(
+      p, Backend::CudaHopper, forced(DqPath::fused), /*deterministic=*/true);
+  EXPECT_EQ(fused.argument(), "backend") << fused.what();
+  EXPECT_NE(fused.rule().find(
+                "cuda-hopper: dq=fused: not supported: cuda-hopper's fused dQ needs d <= 128"),
+            std::string::npos)
+      << fused.what();
+  for (const bool deterministic : {true, false}) {
+    const gqattn::Error atomic = gqattn::test::backward_forced_error(
+        p, Backend::CudaHopper, forced(DqPath::atomic), deterministic);
+    EXPECT_EQ(atomic.argument(), "backend") << atomic.what();
+    EXPECT_NE(
+        atomic.rule().find(
+            "cuda-hopper: dq=atomic: not supported: cuda-hopper's dQ adds are always ordered"),
+        std::string::npos)
+        << atomic.what();
   }
 }
 
@@ -321,10 +339,10 @@ TEST(HopperBackwardSupport, GridGroupSwitchErrors) {
 TEST(HopperBackwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
   struct Run {
     int64_t d;
-    const char* dq_path;
+    DqPath dq_path;
   };
-  for (const Run run : {Run{64, "fused"}, Run{64, "separate"}, Run{128, "fused"},
-                        Run{128, "separate"}, Run{256, "separate"}}) {
+  for (const Run run : {Run{64, DqPath::fused}, Run{64, DqPath::separate}, Run{128, DqPath::fused},
+                        Run{128, DqPath::separate}, Run{256, DqPath::separate}}) {
     Problem p = d256_problem();
     p.B = 2;
     p.Tq = p.Tk = 300;
@@ -333,8 +351,9 @@ TEST(HopperBackwardOutput, StrideTmaCannotStoreGivesTheSameBits) {
     p.d = run.d;
     const std::string why = why_not_backward(p, DType::bf16);
     if (!why.empty()) GTEST_SKIP() << why;
-    SCOPED_TRACE("d = " + std::to_string(run.d) + ", dQ path " + run.dq_path);
-    const gqattn::test::ScopedEnv path("GQATTN_HOPPER_DQ", run.dq_path);
+    const PlanOverride force = forced(run.dq_path);
+    SCOPED_TRACE("d = " + std::to_string(run.d) + ", forced " + gqattn::detail::to_string(force));
+    const gqattn::detail::ScopedPlanOverride scope(force);
     using gqattn::test::DeviceBuffer;
     const int64_t q_elems = p.B * p.Tq * p.H * p.d;
     const int64_t kv_elems = p.B * p.Tk * p.Hkv * p.d;

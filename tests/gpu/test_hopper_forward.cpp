@@ -27,8 +27,9 @@
 // softcap take the plain-CTA kernel of the same tile.
 // Split-KV (split_kv.hpp): every case runs three ways, with the rule's
 // splits (the cases with few work tiles and 8 key tiles or more split),
-// unsplit (GQATTN_HOPPER_SPLIT_KV=1) and in three splits (=3, empty ranges
-// included), each against the oracle and for determinism.
+// unsplit (splits=1) and in three splits (splits=3, empty ranges
+// included), both forced through the plan override, each against the
+// oracle and for determinism.
 // Also: a stride TMA cannot use is refused naming the tensor (the
 // backward, d 64/128/256, is tests/gpu/test_hopper_backward.cpp); an o
 // stride that neither TMA nor 16-byte stores can write takes the
@@ -43,12 +44,12 @@
 #include <string>
 #include <vector>
 
+#include "api/plan_override.hpp"
 #include "gpu_test_util.hpp"
 #include "gqattn/attention.hpp"
 #include "gqattn/check.hpp"
 #include "gqattn/dtype.hpp"
 #include "oracle_cases.hpp"
-#include "scoped_env.hpp"
 
 namespace {
 
@@ -260,11 +261,13 @@ std::string why_not_hopper(const Problem& p, DType dtype) {
 
 class HopperVsOracle : public ::testing::TestWithParam<HopperCase> {};
 
-// Runs case `c` with GQATTN_HOPPER_SPLIT_KV = `splits` (null: the rule of
-// split_kv.hpp, which splits the cases with few work tiles and many key
-// tiles).
-void run_forward_case(const HopperCase& c, const char* splits) {
-  const gqattn::test::ScopedEnv split_kv("GQATTN_HOPPER_SPLIT_KV", splits);
+// Runs case `c` with `splits` split-KV tasks per work tile forced through
+// the plan override (0: the rule of split_kv.hpp, which splits the cases
+// with few work tiles and many key tiles).
+void run_forward_case(const HopperCase& c, int splits) {
+  gqattn::detail::PlanOverride force;
+  force.forward_splits = splits;
+  const gqattn::detail::ScopedPlanOverride scope(force);
   const std::string why = why_not_hopper(c.problem, c.dtype);
   if (!why.empty()) GTEST_SKIP() << why;
 
@@ -282,14 +285,14 @@ void run_forward_case(const HopperCase& c, const char* splits) {
   EXPECT_TRUE(report.pass) << describe(report);
 }
 
-TEST_P(HopperVsOracle, Forward) { run_forward_case(GetParam(), nullptr); }
+TEST_P(HopperVsOracle, Forward) { run_forward_case(GetParam(), 0); }
 // Every work tile one task: the single-pass kernels (and K/V multicast) on
 // the small cases the rule splits.
-TEST_P(HopperVsOracle, ForwardUnsplit) { run_forward_case(GetParam(), "1"); }
+TEST_P(HopperVsOracle, ForwardUnsplit) { run_forward_case(GetParam(), 1); }
 // Three splits of every work tile, where the rule would take none or
 // another count: uneven ranges, and empty ones on tiles of one or two key
 // tiles (rows with lse -inf in the partials).
-TEST_P(HopperVsOracle, ForwardSplit3) { run_forward_case(GetParam(), "3"); }
+TEST_P(HopperVsOracle, ForwardSplit3) { run_forward_case(GetParam(), 3); }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperVsOracle, ::testing::ValuesIn(cases()), case_name);
 
