@@ -13,8 +13,16 @@
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
 //                [--no-backward] [--nondeterministic] [--release-workspace]
 //                [--idle-ms N] [--settle-ms N] [--spin-ahead-us N] [--back-to-back]
-//                [--call-times]
+//                [--call-times] [--force SPEC]
 //
+// Each line gives the plan the backend runs for the shape, as
+// gqattn::explain describes it, in "fwd_plan" and "bwd_plan".
+// --force SPEC forces a fused backend's plan for every call
+// (api/plan_override.hpp, e.g. "dq=separate", "splits=3",
+// "dkdv_group=0", "dkdv_tile=small", comma separated), to compare a path
+// with the rule's; a forced path the backend cannot take is recorded as the
+// shape's "error" (or "bwd_skipped"). Each line says which in "force" (""
+// when nothing is forced).
 // --nondeterministic passes Options::deterministic = false (cuda-flash's
 // backward then adds dQ with atomics); each line says which in
 // "deterministic".
@@ -85,6 +93,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/plan_override.hpp"
 #include "gqattn/attention.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
@@ -201,31 +210,44 @@ struct Settings {
   int warmup = kDefaultWarmup;
   int repeats = kDefaultRepeats;
   bool backward = true;
-  bool deterministic = true;       // Options::deterministic
-  bool release_workspace = false;  // release_workspace_memory() after each timed call
-  int idle_ms = 0;                 // host sleep before each timed call
-  int settle_ms = 0;               // host sleep before each pass's warm-up
-  int spin_ahead_us = 0;           // GPU spin queued in front of each timed call
-  bool back_to_back = false;       // timed calls queued at once, no synchronisation between
-  bool call_times = false;         // every timed call's ms in the line
+  bool deterministic = true;           // Options::deterministic
+  bool release_workspace = false;      // release_workspace_memory() after each timed call
+  int idle_ms = 0;                     // host sleep before each timed call
+  int settle_ms = 0;                   // host sleep before each pass's warm-up
+  int spin_ahead_us = 0;               // GPU spin queued in front of each timed call
+  bool back_to_back = false;           // timed calls queued at once, no synchronisation between
+  bool call_times = false;             // every timed call's ms in the line
+  gqattn::detail::PlanOverride force;  // --force: the plan forced on every call
 };
+
+// ', "<key>": "<text>"', whatever the text's length; its quotes become
+// single quotes, its backslashes slashes (errors and plans hold neither
+// escapes nor control characters).
+void append_text(std::string& out, const char* key, std::string text) {
+  std::replace(text.begin(), text.end(), '"', '\'');
+  std::replace(text.begin(), text.end(), '\\', '/');
+  out += std::string(", \"") + key + "\": \"" + text + "\"";
+}
 
 void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
                const gqattn_bench::EnergyCounter& energy) {
+  // Every call of this shape (and explain's plans) under --force.
+  const gqattn::detail::ScopedPlanOverride force(s.force);
   const double pairs = double(p.kept_pairs());  // exact, DESIGN §1
   const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
   std::string line;
   append(line,
          "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
          "\"idle_ms\": %d, \"settle_ms\": %d, \"spin_ahead_us\": %d, \"back_to_back\": %s, "
-         "\"dtype\": \"%s\", "
+         "\"force\": \"%s\", \"dtype\": \"%s\", "
          "\"B\": %lld, \"Tq\": %lld, \"Tk\": %lld, \"H\": %lld, \"Hkv\": %lld, \"d\": %lld, "
          "\"causal\": %d, \"window\": %lld, \"softcap\": %g, \"kept_pairs\": %.0f",
          gqattn::backend_name(s.backend), s.deterministic ? "true" : "false",
          s.release_workspace ? "true" : "false", s.idle_ms, s.settle_ms, s.spin_ahead_us,
-         s.back_to_back ? "true" : "false", gqattn::dtype_name(s.dtype), (long long)p.B,
-         (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv, (long long)p.d,
-         int(p.causal), (long long)p.window, double(p.softcap), pairs);
+         s.back_to_back ? "true" : "false", gqattn::detail::to_string(s.force).c_str(),
+         gqattn::dtype_name(s.dtype), (long long)p.B, (long long)p.Tq, (long long)p.Tk,
+         (long long)p.H, (long long)p.Hkv, (long long)p.d, int(p.causal), (long long)p.window,
+         double(p.softcap), pairs);
 
   const std::size_t elem = gqattn::dtype_size(s.dtype);
   const std::size_t q_elems = std::size_t(p.B * p.Tq * p.H * p.d);
@@ -272,6 +294,9 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
   options.backend = s.backend;
   options.stream = stream;
   options.deterministic = s.deterministic;
+  const gqattn::Explanation forward_plan =
+      gqattn::explain(p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::forward, options);
+  if (forward_plan.supported) append_text(line, "fwd_plan", forward_plan.plan);
   auto forward = [&](const Set& x) {
     gqattn::forward(p, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data), ref_q(x.o.data),
                     ref_lse(x.lse.data), options);
@@ -413,13 +438,12 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
     append_queueing("fwd");
     append_energy("fwd", fwd_flops);
     append_call_times("fwd");
-    const gqattn::Explanation backward_support =
-        gqattn::explain(p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::backward);
+    const gqattn::Explanation backward_support = gqattn::explain(
+        p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::backward, options);
     if (s.backward && !backward_support.supported) {
-      std::string why = backward_support.reason;
-      std::replace(why.begin(), why.end(), '"', '\'');
-      append(line, ", \"bwd_skipped\": \"%s\"", why.c_str());
+      append_text(line, "bwd_skipped", backward_support.reason);
     } else if (s.backward) {
+      append_text(line, "bwd_plan", backward_support.plan);
       const double bwd_ms = time_calls(backward);
       append(line, ", \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f, \"bwd_wall_s\": [%.3f, %.3f]", bwd_ms,
              kBackwardFlopFactor * fwd_flops / (bwd_ms * 1e-3) / 1e12, wall_start, wall_end);
@@ -428,9 +452,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
       append_call_times("bwd");
     }
   } catch (const gqattn::Error& e) {
-    std::string what = e.what();
-    std::replace(what.begin(), what.end(), '"', '\'');
-    append(line, ", \"error\": \"%s\"", what.c_str());
+    append_text(line, "error", e.what());
   }
   std::printf("%s}\n", line.c_str());
   std::fflush(stdout);
@@ -492,12 +514,20 @@ int main(int argc, char** argv) {
       settings.back_to_back = true;
     } else if (arg == "--call-times") {
       settings.call_times = true;
+    } else if (arg == "--force") {
+      try {
+        settings.force = gqattn::detail::parse_plan_override(value());
+      } catch (const gqattn::Error& e) {
+        std::fprintf(stderr, "gqattn_bench: --force: %s\n", e.what());
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
                    "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
                    "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N] "
-                   "[--settle-ms N] [--spin-ahead-us N] [--back-to-back] [--call-times]\n");
+                   "[--settle-ms N] [--spin-ahead-us N] [--back-to-back] [--call-times] "
+                   "[--force SPEC]\n");
       return 2;
     }
   }
