@@ -90,7 +90,8 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, window: in
         # detach(): DLPack refuses tensors that require grad; these are views.
         _ext.forward(q.detach(), k.detach(), v.detach(), o, lse, causal=causal, window=window,
                      softcap=softcap, scale=scale, backend=backend,
-                     deterministic=deterministic, stream=_stream(q))
+                     deterministic=deterministic, stream=_stream(q),
+                     num_threads=torch.get_num_threads())
     return o, lse
 
 
@@ -117,7 +118,8 @@ def _attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, 
     with _on_device(q):
         _ext.backward(q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), do.detach(),
                       dq, dk, dv, causal=causal, window=window, softcap=softcap, scale=scale,
-                      backend=backend, deterministic=deterministic, stream=_stream(q))
+                      backend=backend, deterministic=deterministic, stream=_stream(q),
+                      num_threads=torch.get_num_threads())
     return dq, dk, dv
 
 

@@ -130,6 +130,22 @@ gqattn::TensorRef to_ref(const std::string& name, const Array& a, RoleShape role
   return t;
 }
 
+// An output argument: a writable array, taken without conversion. A
+// read-only array (a numpy array with writeable=False, a broadcast view) is
+// refused in gqattn's words rather than by nanobind's generic TypeError.
+OutArray as_output(const char* name, nb::handle h) {
+  OutArray out;
+  if (nb::try_cast<OutArray>(h, out, /*convert=*/false)) return out;
+  InArray read_only;
+  if (nb::try_cast<InArray>(h, read_only, /*convert=*/false))
+    throw gqattn::Error(name, "is read-only: an output must be a writable array");
+  throw nb::type_error((std::string(name) +
+                        ": must be an array (numpy, torch, cupy or any "
+                        "DLPack array), got " +
+                        nb::inst_name(nb::borrow(h.type())).c_str())
+                           .c_str());
+}
+
 // The library's TensorRef has no GPU index: it cannot tell cuda:0 from
 // cuda:1, so the binding requires every tensor on q's device, and the caller
 // makes that device current (the torch layer does).
@@ -168,22 +184,27 @@ gqattn::Problem make_problem(const InArray& q, const InArray& k, bool causal, in
   return p;
 }
 
-gqattn::Options make_options(const std::string& backend, bool deterministic, uintptr_t stream) {
+gqattn::Options make_options(const std::string& backend, bool deterministic, uintptr_t stream,
+                             int num_threads) {
   gqattn::Options opt;
   opt.backend = gqattn::parse_backend(backend);
   opt.deterministic = deterministic;
+  opt.num_threads = num_threads;
   // The stream travels as an integer (torch's Stream.cuda_stream, cupy's
   // Stream.ptr); 0 is the legacy default stream.
   opt.stream = reinterpret_cast<void*>(stream);
   return opt;
 }
 
-void forward(const InArray& q, const InArray& k, const InArray& v, const OutArray& o,
-             const std::optional<OutArray>& lse, bool causal, int64_t window, float softcap,
+void forward(const InArray& q, const InArray& k, const InArray& v, nb::handle o_arg,
+             nb::handle lse_arg, bool causal, int64_t window, float softcap,
              std::optional<float> scale, const std::string& backend, bool deterministic,
-             uintptr_t stream) {
+             uintptr_t stream, int num_threads) {
   const gqattn::Problem p = make_problem(q, k, causal, window, softcap, scale);
-  const gqattn::Options opt = make_options(backend, deterministic, stream);
+  const gqattn::Options opt = make_options(backend, deterministic, stream, num_threads);
+  const OutArray o = as_output("o", o_arg);
+  std::optional<OutArray> lse;
+  if (!lse_arg.is_none()) lse = as_output("lse", lse_arg);
   require_same_gpu("k", k, q);
   require_same_gpu("v", v, q);
   require_same_gpu("o", o, q);
@@ -201,12 +222,14 @@ void forward(const InArray& q, const InArray& k, const InArray& v, const OutArra
 }
 
 void backward(const InArray& q, const InArray& k, const InArray& v, const InArray& o,
-              const InArray& lse, const InArray& dout, const OutArray& dq, const OutArray& dk,
-              const OutArray& dv, bool causal, int64_t window, float softcap,
+              const InArray& lse, const InArray& dout, nb::handle dq_arg, nb::handle dk_arg,
+              nb::handle dv_arg, bool causal, int64_t window, float softcap,
               std::optional<float> scale, const std::string& backend, bool deterministic,
-              uintptr_t stream) {
+              uintptr_t stream, int num_threads) {
   const gqattn::Problem p = make_problem(q, k, causal, window, softcap, scale);
-  const gqattn::Options opt = make_options(backend, deterministic, stream);
+  const gqattn::Options opt = make_options(backend, deterministic, stream, num_threads);
+  const OutArray dq = as_output("dq", dq_arg), dk = as_output("dk", dk_arg),
+                 dv = as_output("dv", dv_arg);
   require_same_gpu("k", k, q);
   require_same_gpu("v", v, q);
   require_same_gpu("o", o, q);
@@ -295,6 +318,9 @@ gqattn::Problem oracle_problem(const InArray& q, const InArray& k, const InArray
   const gqattn::Explanation e =
       gqattn::explain(p, gqattn::DType::f32, gqattn::Device::cpu, gqattn::Backend::Cpu);
   if (!e.supported) throw gqattn::Error("problem", e.reason);
+  // Tk and Hkv come from k; its B and d must be q's (the oracle reads packed
+  // vectors, so a k of the same element count would be reinterpreted).
+  require_shape("k", k, {p.B, p.Tk, p.Hkv, p.d}, "[B, Tk, Hkv, d]");
   require_shape("v", v, {p.B, p.Tk, p.Hkv, p.d}, "[B, Tk, Hkv, d]");
   return p;
 }
@@ -442,7 +468,7 @@ void translate_error(const std::exception_ptr& p, void* payload) {
 }
 
 const char* kForwardDoc = R"(forward(q, k, v, o, lse=None, *, causal=False, window=0, softcap=0.0,
-        scale=None, backend="auto", deterministic=True, stream=0)
+        scale=None, backend="auto", deterministic=True, stream=0, num_threads=0)
 
 Attention forward into caller-provided outputs, zero-copy.
 q, o: [B, Tq, H, d]; k, v: [B, Tk, Hkv, d]; lse: [B, H, Tq] float32 or None
@@ -452,10 +478,11 @@ window counts the keys kept per query, self included (0 = none); softcap > 0
 caps scores as softcap * tanh(s / softcap); scale defaults to 1/sqrt(d).
 backend: "auto", "cpu", "cuda-unfused", "cuda-flash" or "cuda-hopper".
 stream: a cudaStream_t as an integer (0 = default stream).
+num_threads: threads of the CPU backend (0 = all hardware threads).
 Raises gqattn.Error (a ValueError) naming the argument; nothing is written then.)";
 
 const char* kBackwardDoc = R"(backward(q, k, v, o, lse, do, dq, dk, dv, *, causal=False, window=0,
-         softcap=0.0, scale=None, backend="auto", deterministic=True, stream=0)
+         softcap=0.0, scale=None, backend="auto", deterministic=True, stream=0, num_threads=0)
 
 Gradients dq, dk, dv (overwritten, not accumulated) from forward's o and lse
 and the gradient do of o. Same tensor rules and options as forward.)";
@@ -475,14 +502,14 @@ NB_MODULE(_ext, m) {
   m.attr("Error") = nb::steal(error_type);
   nb::register_exception_translator(translate_error, error_type);
 
-  m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "o"_a.noconvert(),
-        "lse"_a.noconvert().none() = nb::none(), nb::kw_only(), "causal"_a = false, "window"_a = 0,
-        "softcap"_a = 0.0f, "scale"_a.none() = nb::none(), "backend"_a = "auto",
-        "deterministic"_a = true, "stream"_a = 0, kForwardDoc);
-  m.def("backward", &backward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "dq"_a.noconvert(),
-        "dk"_a.noconvert(), "dv"_a.noconvert(), nb::kw_only(), "causal"_a = false, "window"_a = 0,
-        "softcap"_a = 0.0f, "scale"_a.none() = nb::none(), "backend"_a = "auto",
-        "deterministic"_a = true, "stream"_a = 0, kBackwardDoc);
+  m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none() = nb::none(), nb::kw_only(),
+        "causal"_a = false, "window"_a = 0, "softcap"_a = 0.0f, "scale"_a.none() = nb::none(),
+        "backend"_a = "auto", "deterministic"_a = true, "stream"_a = 0, "num_threads"_a = 0,
+        kForwardDoc);
+  m.def("backward", &backward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "dq"_a, "dk"_a, "dv"_a,
+        nb::kw_only(), "causal"_a = false, "window"_a = 0, "softcap"_a = 0.0f,
+        "scale"_a.none() = nb::none(), "backend"_a = "auto", "deterministic"_a = true,
+        "stream"_a = 0, "num_threads"_a = 0, kBackwardDoc);
   m.def("oracle_forward", &oracle_forward, "q"_a, "k"_a, "v"_a, "o"_a.noconvert(),
         "lse"_a.noconvert(), nb::kw_only(), "causal"_a = false, "window"_a = 0, "softcap"_a = 0.0f,
         "scale"_a.none() = nb::none(),

@@ -19,10 +19,13 @@ void validate_tensor(const Problem& problem, Role role, const TensorRef& t, DTyp
                      Device device, bool required = true);
 
 // The memory rule across the arguments of one call, after validate_tensor
-// passed for each: an output's byte range [first byte, last byte] must not
-// intersect any other argument's (input or output), so no output aliases an
-// input or another output, even partly or interleaved. (Each output's own
-// elements are checked not to overlap by validate_tensor.) Addresses are
+// passed for each: an output may share no byte with any other argument
+// (input or output), so no output aliases an input or another output, even
+// partly. Interleaved views of one buffer that share no byte (dq, dk, dv as
+// slices of one packed [B, T, H + 2 Hkv, d] gradient) are allowed; deciding
+// that takes about one step per pair of neighbouring rows, and past 2^24
+// steps the call is refused as overlapping. (Each output's own elements are
+// checked not to overlap by validate_tensor.) Addresses are
 // compared as numbers, never dereferenced: CUDA device pointers live in one
 // address space with the host's (UVA). Tensors with data == nullptr
 // (forward's absent lse) are skipped.

@@ -97,11 +97,12 @@ TEST(InputSafety, KeptPairsNearTheLimits) {
 
 // One random problem's tensors, packed, in separate vectors (outputs NaN).
 struct Call {
-  Problem p = make_problem(2, 5, 7, 4, 2, 8, true, 3, 0.0f);
-  Inputs in = random_inputs(p, 3);
+  Problem p;
+  Inputs in;
   std::vector<float> o, lse, dq, dk, dv;
   TensorRef Q, K, V, O, L, dO, dQ, dK, dV;
-  Call() {
+  explicit Call(const Problem& problem = make_problem(2, 5, 7, 4, 2, 8, true, 3, 0.0f))
+      : p(problem), in(random_inputs(problem, 3)) {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     o.assign(in.q.size(), nan);
     dq.assign(in.q.size(), nan);
@@ -222,6 +223,45 @@ TEST(InputSafety, OutputOverlappingItselfIsRefused) {
   O2.data = o2.data();
   gqattn::forward(c.p, q, c.K, c.V, O2, TensorRef{}, c.cpu());
   EXPECT_FALSE(has_nan(o2));
+}
+
+// dq, dk, dv as interleaved slices of one packed gradient [B, Tq, H + 2 Hkv,
+// d + 1] (Tq == Tk): their byte ranges meet but they share no byte, so they
+// are accepted; shifted by one element into the neighbouring head they share
+// bytes and are refused.
+TEST(InputSafety, InterleavedOutputsThatShareNoByteAreAccepted) {
+  Call c(make_problem(2, 6, 6, 4, 2, 8, true, 3, 0.0f));
+  c.forward_ok();
+  const int64_t B = c.p.B, T = c.p.Tq, H = c.p.H, Hkv = c.p.Hkv, d = c.p.d;
+  const int64_t heads = H + 2 * Hkv, row = d + 1;
+  std::vector<float> grads(std::size_t(B * T * heads * row), std::nanf(""));
+  auto slice = [&](int64_t head0, int64_t n, int64_t shift) {
+    TensorRef t =
+        contiguous(grads.data() + head0 * row + shift, DType::f32, Device::cpu, B, T, n, d);
+    t.stride[2] = row;
+    t.stride[1] = heads * row;
+    t.stride[0] = T * heads * row;
+    return t;
+  };
+  c.backward_with(slice(0, H, 0), slice(H, Hkv, 0), slice(H + Hkv, Hkv, 0));
+  Call ref(c.p);
+  ref.forward_ok();
+  ref.backward_with(ref.dQ, ref.dK, ref.dV);
+  for (int64_t n = 0; n < B * T; ++n)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t x = 0; x < d; ++x) {
+        const float got = grads[std::size_t((n * heads + h) * row + x)];
+        const float want = h < H         ? ref.dq[std::size_t((n * H + h) * d + x)]
+                           : h < H + Hkv ? ref.dk[std::size_t((n * Hkv + h - H) * d + x)]
+                                         : ref.dv[std::size_t((n * Hkv + h - H - Hkv) * d + x)];
+        ASSERT_EQ(got, want) << n << " " << h << " " << x;
+      }
+  std::fill(grads.begin(), grads.end(), std::nanf(""));
+  // dk two elements early (past the padding): its first element is the last
+  // of dq's head H - 1.
+  expect_error([&] { c.backward_with(slice(0, H, 0), slice(H, Hkv, -2), slice(H + Hkv, Hkv, 0)); },
+               "dq", "must not overlap dk");
+  EXPECT_TRUE(all_nan(grads));
 }
 
 // ---- 6: a span that fits in elements but not in bytes -----------------------
