@@ -1,0 +1,383 @@
+// gqattn_fuzz: a seeded property fuzzer over validation and the CPU backend
+// (the "Input safety" issue). Each round draws a random problem (sizes, mask,
+// window up to INT64_MAX, softcap, scale), dtype, and tensors placed in one
+// byte arena with random strides, padding, offsets, and now and then a
+// broken argument: an output aliasing or overlapping another argument or
+// itself, a wrong shape, dtype or rank, a null or misaligned pointer, a
+// negative or huge stride. Then forward (and backward on forward's o and
+// lse) through the public API. Properties, each a failure (exit 1) when
+// broken:
+//   - a rejected call throws gqattn::Error and leaves every arena byte as
+//     it was (nothing written);
+//   - an accepted call writes every output element, writes no byte outside
+//     its outputs, and agrees with the f64 oracle on the same rounded inputs
+//     (f32 within 1e-4, 16-bit within 2^-5 relative to max |ref|);
+//   - no crash and no sanitizer report (run it in the sanitizer build).
+// usage: gqattn_fuzz [--seconds S] [--seed N] [--rounds R]; runs until S
+// seconds (default 10) or R rounds have passed. scripts/test runs it under
+// ASan/UBSan for 50 s; ctest for 10 s. A failure prints the seed and round.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gqattn/attention.hpp"
+#include "gqattn/dtype.hpp"
+#include "gqattn/oracle.hpp"
+
+namespace {
+
+using namespace gqattn;
+
+struct Rng {
+  std::mt19937_64 gen;
+  int64_t range(int64_t lo, int64_t hi) {  // inclusive
+    return std::uniform_int_distribution<int64_t>(lo, hi)(gen);
+  }
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(gen) < p; }
+  float normal() { return std::normal_distribution<float>(0.4f, 1.0f)(gen); }
+};
+
+// One tensor's place in the arena.
+struct Slot {
+  TensorRef ref;
+  int64_t offset_bytes = 0;  // of element 0 in the arena
+  int64_t span_bytes = 0;    // bytes from element 0 to the end of the last
+  bool output = false;
+};
+
+int64_t span_of(const TensorRef& t) {
+  int64_t last = 0;
+  for (int i = 0; i < t.rank; ++i) last += (t.shape[i] - 1) * t.stride[i];
+  return (last + 1) * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
+// Element offset of packed index n of t.
+int64_t offset_of(const TensorRef& t, int64_t n) {
+  int64_t off = 0;
+  for (int a = t.rank - 1; a >= 0; --a) {
+    off += (n % t.shape[a]) * t.stride[a];
+    n /= t.shape[a];
+  }
+  return off;
+}
+int64_t numel(const TensorRef& t) {
+  int64_t n = 1;
+  for (int a = 0; a < t.rank; ++a) n *= t.shape[a];
+  return n;
+}
+
+struct Round {
+  Problem p;
+  DType dtype = DType::f32;
+  std::vector<unsigned char> arena;
+  Slot q, k, v, o, lse, dout, dq, dk, dv;
+  bool broken = false;  // an argument was broken on purpose
+  std::string what;     // which
+};
+
+// Strides for shape with random padding and dimension order (last stride 1).
+void layout(Rng& rng, TensorRef& t) {
+  int order[3] = {0, 1, 2};
+  const int outer = t.rank - 1;
+  if (outer == 3 && rng.chance(0.3)) std::swap(order[1], order[2]);  // [B, heads, T, d]
+  int64_t stride = t.shape[t.rank - 1] + (rng.chance(0.3) ? rng.range(1, 3) : 0);
+  t.stride[t.rank - 1] = 1;
+  for (int x = outer - 1; x >= 0; --x) {
+    const int a = order[x];
+    t.stride[a] = stride;
+    stride = stride * t.shape[a] + (rng.chance(0.3) ? rng.range(1, 5) : 0);
+  }
+}
+
+Round make_round(Rng& rng) {
+  Round r;
+  Problem& p = r.p;
+  p.B = rng.range(1, 2);
+  p.Tq = rng.range(1, 12);
+  p.Tk = rng.range(1, 12);
+  p.Hkv = rng.range(1, 2);
+  p.H = p.Hkv * rng.range(1, 3);
+  p.d = rng.range(1, 16);
+  p.causal = rng.chance(0.5);
+  const int64_t windows[] = {0,
+                             1,
+                             2,
+                             3,
+                             5,
+                             p.Tk,
+                             p.Tk + 1,
+                             std::numeric_limits<int64_t>::max(),
+                             std::numeric_limits<int64_t>::max() - 1,
+                             int64_t{1} << 62};
+  p.window = windows[rng.range(0, 9)];
+  p.softcap = rng.chance(0.3) ? float(rng.range(1, 30)) : 0.0f;
+  if (rng.chance(0.2)) p.scale = 0.05f * float(rng.range(1, 20));
+  r.dtype = static_cast<DType>(rng.range(0, 2));
+
+  Slot* slots[] = {&r.q, &r.k, &r.v, &r.o, &r.lse, &r.dout, &r.dq, &r.dk, &r.dv};
+  for (Slot* s : slots) {
+    const bool qlike = s == &r.q || s == &r.o || s == &r.dout || s == &r.dq;
+    TensorRef& t = s->ref;
+    t.device = Device::cpu;
+    t.dtype = s == &r.lse ? DType::f32 : r.dtype;
+    if (s == &r.lse) {
+      t.rank = 3;
+      t.shape[0] = p.B;
+      t.shape[1] = p.H;
+      t.shape[2] = p.Tq;
+    } else {
+      t.rank = 4;
+      t.shape[0] = p.B;
+      t.shape[1] = qlike ? p.Tq : p.Tk;
+      t.shape[2] = qlike ? p.H : p.Hkv;
+      t.shape[3] = p.d;
+    }
+    layout(rng, t);
+    s->output = s == &r.o || s == &r.lse || s == &r.dq || s == &r.dk || s == &r.dv;
+  }
+  // Place them one after another with random gaps (aligned to 4 bytes).
+  int64_t at = 64;
+  for (Slot* s : slots) {
+    at += 4 * rng.range(0, 4);
+    s->offset_bytes = at;
+    s->span_bytes = span_of(s->ref);
+    at += (s->span_bytes + 3) / 4 * 4;
+  }
+  // Now and then, break one thing.
+  if (rng.chance(0.35)) {
+    r.broken = true;
+    Slot* out =
+        rng.chance(0.5) ? &r.o : (rng.chance(0.5) ? &r.dq : (rng.chance(0.5) ? &r.dk : &r.lse));
+    Slot* any = slots[rng.range(0, 8)];
+    switch (rng.range(0, 8)) {
+      case 0:  // alias: an output on another argument's memory, shifted a little
+        if (any != out) {
+          out->offset_bytes =
+              any->offset_bytes + 4 * rng.range(0, std::max<int64_t>(0, any->span_bytes / 4 - 1));
+          r.what = "alias";
+        } else {
+          r.broken = false;
+        }
+        break;
+      case 1:  // self overlap: a stride of the output made small
+        if (out->ref.shape[out->ref.rank - 1] > 1 || out->ref.rank == 3) {
+          const int a = int(rng.range(0, out->ref.rank - 2));
+          out->ref.stride[a] = rng.range(1, 2);
+          r.what = "overlap";
+          if (out->ref.shape[a] < 2) r.broken = false;
+        } else {
+          r.broken = false;
+        }
+        break;
+      case 2:
+        any->ref.shape[rng.range(0, any->ref.rank - 1)] += 1;
+        r.what = "shape";
+        break;
+      case 3:
+        any->ref.dtype = static_cast<DType>((int(any->ref.dtype) + 1) % 3);
+        r.what = "dtype";
+        break;
+      case 4:
+        any->ref.rank = any->ref.rank == 4 ? 3 : 4;
+        r.what = "rank";
+        break;
+      case 5:
+        any->ref.stride[rng.range(0, any->ref.rank - 2)] = -1;
+        r.what = "negative stride";
+        break;
+      case 6:
+        // Fits as elements, overflows as bytes (a huge stride that fits in
+        // both is indistinguishable from real memory: not a broken call).
+        any->ref.stride[0] = std::numeric_limits<int64_t>::max() / 2 + rng.range(1, 1000);
+        r.what = "huge stride";
+        if (any->ref.shape[0] < 2) r.broken = false;
+        break;
+      case 7:
+        any->offset_bytes += 1;  // misaligned for every dtype
+        r.what = "misaligned";
+        break;
+      case 8:
+        any->offset_bytes = -1;  // null pointer
+        r.what = "null";
+        break;
+    }
+    if (r.broken && r.what != "alias" && r.what != "overlap" && r.what != "misaligned" &&
+        r.what != "null")
+      any->span_bytes = 0;
+  }
+  // Room for every tensor where it now lies (an output moved onto another
+  // argument may reach past the end; a huge or negative stride is refused
+  // before anything is read).
+  int64_t end = at;
+  for (Slot* s : slots) {
+    bool sane = s->ref.rank >= 1 && s->ref.rank <= 4;
+    for (int a = 0; sane && a < s->ref.rank; ++a)
+      sane = s->ref.stride[a] >= 0 && s->ref.stride[a] < (int64_t{1} << 20);
+    if (sane) end = std::max(end, s->offset_bytes + span_of(s->ref));
+  }
+  r.arena.assign(static_cast<std::size_t>(end + 64), 0);
+  for (Slot* s : slots)
+    s->ref.data = s->offset_bytes < 0 ? nullptr : r.arena.data() + s->offset_bytes;
+
+  // Inputs: random values (rounded to the dtype); everything else a NaN
+  // pattern, so an unwritten output element shows.
+  for (std::size_t n = 0; n + 1 < r.arena.size(); n += 2) {
+    r.arena[n] = 0xff;
+    r.arena[n + 1] = 0x7f;  // NaN as f16/bf16, and as halves of an f32 NaN
+  }
+  for (Slot* s : {&r.q, &r.k, &r.v, &r.dout}) {
+    const TensorRef& t = s->ref;
+    if (t.data == nullptr || s->span_bytes == 0) continue;
+    if (s->offset_bytes % int64_t(dtype_size(t.dtype)) != 0) continue;  // refused unread
+    if (t.rank != (s == &r.lse ? 3 : 4)) continue;
+    for (int64_t n = 0; n < numel(t); ++n)
+      store_from_float(t.data, t.dtype, std::size_t(offset_of(t, n)), rng.normal());
+  }
+  return r;
+}
+
+[[noreturn]] void fail(uint64_t seed, int64_t round, const std::string& what) {
+  std::fprintf(stderr, "gqattn_fuzz: seed %llu round %lld: %s\n", (unsigned long long)seed,
+               (long long)round, what.c_str());
+  std::exit(1);
+}
+
+std::vector<double> packed(const TensorRef& t) {
+  std::vector<double> out(std::size_t(numel(t)));
+  for (int64_t n = 0; n < numel(t); ++n)
+    out[std::size_t(n)] = load_as_float(t.data, t.dtype, std::size_t(offset_of(t, n)));
+  return out;
+}
+
+// max |x - ref| / max(1, max |ref|); -inf must match exactly; NaN fails.
+double error_of(const TensorRef& t, const std::vector<double>& ref) {
+  double worst = 0.0, scale = 1.0;
+  for (double r : ref)
+    if (std::isfinite(r)) scale = std::max(scale, std::fabs(r));
+  for (int64_t n = 0; n < numel(t); ++n) {
+    const double x = load_as_float(t.data, t.dtype, std::size_t(offset_of(t, n)));
+    const double r = ref[std::size_t(n)];
+    // An input overwritten by an earlier call (forward's lse on do's memory)
+    // may hold NaN or Inf: the oracle then says NaN too, and so may x.
+    if (std::isnan(r)) continue;
+    if (std::isnan(x)) return std::numeric_limits<double>::infinity();
+    if (std::isinf(r) || std::isinf(x)) {
+      if (x != r) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    worst = std::max(worst, std::fabs(x - r) / scale);
+  }
+  return worst;
+}
+
+// Bytes outside the outputs' elements are as before the call.
+bool only_outputs_written(const Round& r, const std::vector<unsigned char>& before,
+                          std::initializer_list<const Slot*> outputs) {
+  std::vector<bool> mine(r.arena.size(), false);
+  for (const Slot* s : outputs) {
+    const TensorRef& t = s->ref;
+    if (t.data == nullptr) continue;  // forward's absent lse
+    const std::size_t size = dtype_size(t.dtype);
+    for (int64_t n = 0; n < numel(t); ++n) {
+      const std::size_t at = std::size_t(s->offset_bytes + offset_of(t, n) * int64_t(size));
+      for (std::size_t b = 0; b < size; ++b) mine[at + b] = true;
+    }
+  }
+  for (std::size_t n = 0; n < r.arena.size(); ++n)
+    if (!mine[n] && r.arena[n] != before[n]) return false;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 10.0;
+  uint64_t seed = 1;
+  int64_t rounds = std::numeric_limits<int64_t>::max();
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--seconds")
+      seconds = std::atof(argv[i + 1]);
+    else if (flag == "--seed")
+      seed = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (flag == "--rounds")
+      rounds = std::atoll(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: gqattn_fuzz [--seconds S] [--seed N] [--rounds R]\n");
+      return 2;
+    }
+  }
+  Rng rng{std::mt19937_64(seed)};
+  Options options;
+  options.backend = Backend::Cpu;
+  const auto start = std::chrono::steady_clock::now();
+  int64_t round = 0, rejected = 0, accepted = 0;
+  for (; round < rounds; ++round) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds)
+      break;
+    options.num_threads = int(rng.range(0, 3));
+    Round r = make_round(rng);
+    const std::vector<unsigned char> before = r.arena;
+    bool threw = false;
+    try {
+      forward(r.p, r.q.ref, r.k.ref, r.v.ref, r.o.ref, r.lse.ref, options);
+    } catch (const Error&) {
+      threw = true;
+    }
+    if (threw) {
+      ++rejected;
+      if (r.arena != before) fail(seed, round, "forward rejected but wrote (" + r.what + ")");
+      continue;
+    }
+    // An accepted call: only o and lse written, and right.
+    if (!only_outputs_written(r, before, {&r.o, &r.lse}))
+      fail(seed, round, "forward wrote outside o and lse (" + r.what + ")");
+    const double tol = r.dtype == DType::f32 ? 1e-4 : 1.0 / 32.0;
+    const auto Q = packed(r.q.ref), K = packed(r.k.ref), V = packed(r.v.ref);
+    const oracle::ForwardResult fwd = oracle::forward(r.p, Q, K, V);
+    if (error_of(r.o.ref, fwd.o) > tol) fail(seed, round, "o disagrees with the oracle");
+    if (r.lse.ref.data != nullptr && error_of(r.lse.ref, fwd.lse) > 1e-4)
+      fail(seed, round, "lse disagrees with the oracle");
+
+    const std::vector<unsigned char> mid = r.arena;
+    threw = false;
+    try {
+      backward(r.p, r.q.ref, r.k.ref, r.v.ref, r.o.ref, r.lse.ref, r.dout.ref, r.dq.ref, r.dk.ref,
+               r.dv.ref, options);
+    } catch (const Error&) {
+      threw = true;
+    }
+    if (threw) {
+      ++rejected;
+      if (r.arena != mid) fail(seed, round, "backward rejected but wrote (" + r.what + ")");
+      continue;
+    }
+    ++accepted;
+    if (!only_outputs_written(r, mid, {&r.dq, &r.dk, &r.dv}))
+      fail(seed, round, "backward wrote outside dq, dk, dv (" + r.what + ")");
+    // The oracle's gradients, from the inputs as the backend saw them (o
+    // rounded to the dtype is an input of backward: compare loosely).
+    const oracle::Gradients g = oracle::backward(r.p, Q, K, V, packed(r.dout.ref));
+    const double gtol = r.dtype == DType::f32 ? 1e-4 : 1.0 / 16.0;
+    if (error_of(r.dq.ref, g.dq) > gtol)
+      fail(seed, round,
+           "dq disagrees with the oracle: " + std::to_string(error_of(r.dq.ref, g.dq)) + " dtype " +
+               dtype_name(r.dtype) + " Tq " + std::to_string(r.p.Tq) + " Tk " +
+               std::to_string(r.p.Tk) + " d " + std::to_string(r.p.d) + " softcap " +
+               std::to_string(r.p.softcap) + " window " + std::to_string(r.p.window) + " causal " +
+               std::to_string(r.p.causal) + " broken " + r.what);
+    if (error_of(r.dk.ref, g.dk) > gtol) fail(seed, round, "dk disagrees with the oracle");
+    if (error_of(r.dv.ref, g.dv) > gtol) fail(seed, round, "dv disagrees with the oracle");
+  }
+  std::printf("gqattn_fuzz: seed %llu, %lld rounds, %lld calls rejected, %lld fully accepted\n",
+              (unsigned long long)seed, (long long)round, (long long)rejected, (long long)accepted);
+  return 0;
+}
