@@ -6,3 +6,4 @@
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
 #include "gqattn/types.hpp"
+#include "gqattn/version.hpp"

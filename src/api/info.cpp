@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gqattn/attention.hpp"
+#include "gqattn/version.hpp"
 
 #ifdef GQATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -23,7 +24,7 @@ void release_workspace_memory() {}
 
 BuildInfo build_info() {
   BuildInfo info;
-  info.version = GQATTN_VERSION;
+  info.version = GQATTN_VERSION_STRING;
 #ifdef GQATTN_WITH_CUDA
   info.cuda_compiled = true;
   info.cuda_architectures = GQATTN_CUDA_ARCHS;
