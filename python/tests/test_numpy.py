@@ -214,7 +214,7 @@ def test_introspection():
     assert status["cpu"]["available"]
     assert set(status) == {"cpu", "cuda-unfused", "cuda-flash", "cuda-hopper"}
     ok = gqattn.explain(1, 128, 128, 8, 2, 64, causal=True, dtype="float32", device="cpu")
-    assert ok == {"supported": True, "chosen": "cpu", "reason": ""}
+    assert ok == {"supported": True, "chosen": "cpu", "reason": "", "plan": ""}
     bad = gqattn.explain(1, 128, 128, 8, 2, 64, dtype=np.float32, device="cpu",
                          backend="cuda-flash")
     assert not bad["supported"] and "cuda-flash" in bad["reason"]

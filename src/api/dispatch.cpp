@@ -99,6 +99,7 @@ void forward(const Problem& problem, const TensorRef& q, const TensorRef& k, con
   validate_tensor(problem, Role::v, v, q.dtype, q.device);
   validate_tensor(problem, Role::o, o, q.dtype, q.device);
   validate_tensor(problem, Role::lse, lse, q.dtype, q.device, /*required=*/false);
+  validate_forward_memory(q, k, v, o, lse);
   const BackendImpl* impl =
       choose_or_throw(problem, q.dtype, q.device, options.backend, Pass::forward);
   require_tensors(*impl, Pass::forward,
@@ -120,6 +121,7 @@ void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, co
   validate_tensor(problem, Role::dq, dq, q.dtype, q.device);
   validate_tensor(problem, Role::dk, dk, q.dtype, q.device);
   validate_tensor(problem, Role::dv, dv, q.dtype, q.device);
+  validate_backward_memory(q, k, v, o, lse, dout, dq, dk, dv);
   const BackendImpl* impl =
       choose_or_throw(problem, q.dtype, q.device, options.backend, Pass::backward);
   require_tensors(*impl, Pass::backward,

@@ -5,7 +5,6 @@
 #include <string>
 
 #include "api/backend.hpp"
-#include "api/validate.hpp"
 #include "cpu/mirror.hpp"
 
 namespace gqattn::detail {
@@ -20,17 +19,8 @@ class CpuBackend final : public BackendImpl {
     return "";
   }
 
-  // The memory rule across arguments (validate.hpp), before anything is
-  // written. Dispatch does not call it yet for every backend.
-  void forward(const ForwardArgs& args) const override {
-    validate_forward_memory(args.q, args.k, args.v, args.o, args.lse);
-    cpu::mirror_forward(args);
-  }
-  void backward(const BackwardArgs& args) const override {
-    validate_backward_memory(args.q, args.k, args.v, args.o, args.lse, args.dout, args.dq, args.dk,
-                             args.dv);
-    cpu::mirror_backward(args);
-  }
+  void forward(const ForwardArgs& args) const override { cpu::mirror_forward(args); }
+  void backward(const BackwardArgs& args) const override { cpu::mirror_backward(args); }
 };
 
 }  // namespace

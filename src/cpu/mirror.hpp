@@ -12,20 +12,12 @@
 #include <vector>
 
 #include "api/backend.hpp"
+#include "api/resolved_problem.hpp"
 
 namespace gqattn::cpu {
 
-// The problem's sizes, resolved once. scale is the validated problem.scale.
-struct MirrorShape {
-  int64_t B = 0, Tq = 0, Tk = 0, H = 0, Hkv = 0, d = 0;
-  int64_t rep = 1;     // query heads per kv head, H / Hkv
-  int64_t off = 0;     // Tk - Tq: query i sits at absolute position i + off
-  int64_t window = 0;  // Problem::effective_window(): 0 or in [1, Tk - 1]
-  bool causal = false;
-  float scale = 1.0f;
-  float softcap = 0.0f;
-};
-MirrorShape mirror_shape(const Problem& problem);
+// The problem's sizes, resolved once (shared with cuda-unfused).
+using MirrorShape = detail::ResolvedProblem;
 
 // The keys query i keeps, as the seed's [jmin, jmax]; empty when first > last.
 struct KeptRange {

@@ -46,7 +46,7 @@ struct Scratch {
 // softmax_row and D with the seed's dot: the same operations on the same
 // values, so the same bits, in memory that follows the kept pairs.
 void mirror_backward(const detail::BackwardArgs& args) {
-  const MirrorShape shape = mirror_shape(args.problem);
+  const MirrorShape shape = detail::resolve(args.problem);
   const int64_t Tq = shape.Tq, Tk = shape.Tk, d = shape.d, rep = shape.rep;
   const int64_t groups = shape.B * shape.Hkv;
   const int64_t heads = shape.B * shape.H;

@@ -14,25 +14,6 @@
 
 namespace gqattn::cpu {
 
-MirrorShape mirror_shape(const Problem& problem) {
-  MirrorShape s;
-  s.B = problem.B;
-  s.Tq = problem.Tq;
-  s.Tk = problem.Tk;
-  s.H = problem.H;
-  s.Hkv = problem.Hkv;
-  s.d = problem.d;
-  s.rep = problem.H / problem.Hkv;
-  s.off = problem.Tk - problem.Tq;
-  s.window = problem.effective_window();
-  s.causal = problem.causal;
-  // Dispatch resolves the scale before calling a backend; effective_scale()
-  // returns that same value and keeps direct callers working too.
-  s.scale = problem.effective_scale();
-  s.softcap = problem.softcap;
-  return s;
-}
-
 KeptRange kept_range(const MirrorShape& shape, int64_t i) {
   // The seed's jmin/jmax with Tq == Tk generalised by the offset; signed so
   // that a query before every key (causal, Tq > Tk) gives an empty range.

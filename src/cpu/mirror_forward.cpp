@@ -22,7 +22,7 @@ struct Scratch {
 }  // namespace
 
 void mirror_forward(const detail::ForwardArgs& args) {
-  const MirrorShape shape = mirror_shape(args.problem);
+  const MirrorShape shape = detail::resolve(args.problem);
   const int64_t Tq = shape.Tq, Tk = shape.Tk, d = shape.d;
   const int64_t tasks = shape.B * shape.H;
   const int threads = args.options.num_threads;

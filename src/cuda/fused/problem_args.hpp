@@ -18,14 +18,14 @@
 
 namespace gqattn::fused {
 
-// A window that covers every key (j >= i + off - window + 1 holds for all
-// j >= 0 when window >= Tk) is no window.
+// The mask, normalised: a window of Tk or more is no window
+// (Problem::effective_window).
 inline MaskArgs mask_args(const Problem& p) {
   MaskArgs m;
   m.tq = int(p.Tq);
   m.tk = int(p.Tk);
   m.causal = p.causal;
-  m.window = p.window >= p.Tk ? 0 : int(p.window);
+  m.window = int(p.effective_window());
   return m;
 }
 

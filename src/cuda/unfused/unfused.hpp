@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "api/resolved_problem.hpp"
 #include "gqattn/types.hpp"
 
 namespace gqattn::cuda::unfused {
@@ -19,16 +20,8 @@ namespace gqattn::cuda::unfused {
 // loops, so small blocks spread a short row list over more SMs.
 constexpr int kThreadsPerBlock = 128;
 
-struct Shape {
-  int64_t B = 0, Tq = 0, Tk = 0, H = 0, Hkv = 0, d = 0;
-  int64_t rep = 1;     // query heads per kv head, H / Hkv
-  int64_t off = 0;     // Tk - Tq: query i sits at absolute position i + off
-  int64_t window = 0;  // 0 = none; never >= Tk (see make_shape)
-  bool causal = false;
-  float scale = 1.0f;  // resolved by dispatch
-  float softcap = 0.0f;
-};
-Shape make_shape(const Problem& problem);
+// The problem's sizes, resolved once (shared with the CPU mirror).
+using Shape = detail::ResolvedProblem;
 
 // Element strides of a [B, T, heads, d] tensor's batch, position and head
 // dimensions (d is contiguous). lse [B, H, Tq] maps its head and position

@@ -25,26 +25,6 @@
 namespace gqattn {
 namespace cuda::unfused {
 
-Shape make_shape(const Problem& problem) {
-  Shape s;
-  s.B = problem.B;
-  s.Tq = problem.Tq;
-  s.Tk = problem.Tk;
-  s.H = problem.H;
-  s.Hkv = problem.Hkv;
-  s.d = problem.d;
-  s.rep = problem.H / problem.Hkv;
-  s.off = problem.Tk - problem.Tq;
-  // A window of Tk or more keeps every key (the lowest absolute query
-  // position is below Tk), so it is the same as none; passing 0 keeps the
-  // kernels' window arithmetic far from int64 overflow for any window.
-  s.window = problem.window >= problem.Tk ? 0 : problem.window;
-  s.causal = problem.causal;
-  s.scale = problem.effective_scale();
-  s.softcap = problem.softcap;
-  return s;
-}
-
 RowStrides row_strides(const TensorRef& t) {
   if (t.rank == 3) return {t.stride[0], t.stride[2], t.stride[1]};  // lse [B, H, Tq]
   return {t.stride[0], t.stride[1], t.stride[2]};
@@ -150,7 +130,7 @@ class CudaUnfusedBackend final : public BackendImpl {
     cuda::StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
 
     unfused::ForwardPass pass;
-    pass.shape = unfused::make_shape(args.problem);
+    pass.shape = detail::resolve(args.problem);
     pass.dtype = args.q.dtype;
     pass.q = in(args.q);
     pass.k = in(args.k);
@@ -166,7 +146,7 @@ class CudaUnfusedBackend final : public BackendImpl {
     require_free_memory(bytes, /*with_d=*/true);
     const unfused::Launch launch = launch_on(args.options.stream);
     cuda::StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
-    const unfused::Shape shape = unfused::make_shape(args.problem);
+    const unfused::Shape shape = detail::resolve(args.problem);
     float* P = workspace.floats();
     float* D = P + shape.B * shape.H * shape.Tq * shape.Tk;
 
