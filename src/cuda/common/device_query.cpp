@@ -57,6 +57,17 @@ std::string why_no_device(int min_major, int min_minor) {
   return "";
 }
 
+std::string why_no_kernel_image(const void* kernel) {
+  cudaFuncAttributes attributes{};
+  const cudaError_t status = cudaFuncGetAttributes(&attributes, kernel);
+  if (status == cudaSuccess) return "";
+  (void)cudaGetLastError();  // returned as the reason instead
+  const DeviceProperties& device = current_device_properties();
+  return "this build has no kernel image for sm_" + std::to_string(device.cc_major) +
+         std::to_string(device.cc_minor) +
+         " (built for " GQATTN_CUDA_ARCHS "): " + cudaGetErrorString(status);
+}
+
 std::string why_not_device_pointer(const void* data, const char* name) {
   cudaPointerAttributes attr{};
   const cudaError_t status = cudaPointerGetAttributes(&attr, data);

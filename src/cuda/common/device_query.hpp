@@ -1,5 +1,6 @@
 // Questions CUDA backends ask before running: is there a usable device of a
-// given compute capability, and do these pointers live on it.
+// given compute capability, does the build have a kernel image for it, and
+// do these pointers live on it.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +12,13 @@ namespace gqattn::cuda {
 
 // "" when the current device exists and has compute capability >= min_major.min_minor.
 std::string why_no_device(int min_major, int min_minor);
+
+// "" when this build has a kernel image (SASS for the device, or PTX the
+// driver can JIT-compile for it) of `kernel`, a __global__ function's
+// address, for the current device; else which device and which
+// architectures were built (cudaFuncGetAttributes says
+// cudaErrorNoKernelImageForDevice / cudaErrorInvalidDeviceFunction).
+std::string why_no_kernel_image(const void* kernel);
 
 // "" when `data` is device-accessible memory of the current device.
 std::string why_not_device_pointer(const void* data, const char* name);

@@ -88,7 +88,9 @@ class CudaFlashBackend final : public BackendImpl {
     if (grid > kMaxGridX)
       return "not supported: cuda-flash needs at most 2^31-1 thread blocks (B*H*Tq too large: " +
              std::to_string(grid) + " blocks)";
-    const std::string device_reason = cuda::why_no_device(8, 0);
+    std::string device_reason = cuda::why_no_device(8, 0);
+    if (device_reason.empty())
+      device_reason = cuda::why_no_kernel_image(flash::any_forward_kernel());
     if (!device_reason.empty()) return device_reason;
     return why_too_little_smem(p.d, Pass::forward);
   }

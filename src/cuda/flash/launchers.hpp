@@ -28,6 +28,11 @@ extern template void launch_backward<64>(const BackwardPlan&, const fused::Backw
 extern template void launch_backward<128>(const BackwardPlan&, const fused::BackwardParams&, void*);
 extern template void launch_backward<256>(const BackwardPlan&, const fused::BackwardParams&, void*);
 
+// The address of one forward kernel (d = 64, bf16, no softcap; defined in
+// launch_forward_d64.cu): why_not asks whether the build has a kernel image
+// for the device (cuda::why_no_kernel_image).
+const void* any_forward_kernel();
+
 // Grid sizes the launchers use (the backend checks them against the limits).
 int64_t forward_blocks(int d, int64_t B, int64_t H, int64_t Tq);
 int64_t dkdv_blocks(int d, int64_t B, int64_t Hkv, int64_t Tk, DkdvTileSize tile);

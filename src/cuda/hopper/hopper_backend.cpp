@@ -50,7 +50,7 @@ std::string why_no_sm90() {
   if (props.cc_major != kNeedMajor || props.cc_minor != kNeedMinor)
     return "needs sm_90 (wgmma/TMA), device is sm_" + std::to_string(props.cc_major) +
            std::to_string(props.cc_minor);
-  return "";
+  return cuda::why_no_kernel_image(hopper::any_forward_kernel());
 #endif
 }
 

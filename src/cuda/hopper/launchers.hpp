@@ -21,6 +21,11 @@ extern template void launch_forward<64>(const ForwardPlan&, const ForwardParams&
 extern template void launch_forward<128>(const ForwardPlan&, const ForwardParams&, void*);
 extern template void launch_forward<256>(const ForwardPlan&, const ForwardParams&, void*);
 
+// The address of one forward kernel (d = 64, bf16, no softcap, no cluster;
+// defined in forward/launch_d64.cu): why_not asks whether the build has a
+// kernel image for the device (cuda::why_no_kernel_image).
+const void* any_forward_kernel();
+
 // dq, dk, dv; params.c.lse2 / dsum (and, for a fused dQ, dq_accum and
 // dq_semaphores) point at the plan's workspace.
 namespace bwd {
