@@ -130,33 +130,18 @@ void append(std::string& out, const char* format, ...) {
   out += buffer;
 }
 
-gqattn::Problem make(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t d,
-                     bool causal, int64_t window, float softcap) {
-  gqattn::Problem p;
-  p.B = B;
-  p.Tq = Tq;
-  p.Tk = Tk;
-  p.H = H;
-  p.Hkv = Hkv;
-  p.d = d;
-  p.causal = causal;
-  p.window = window;
-  p.softcap = softcap;
-  return p;
-}
-
-// DESIGN §5's standard shapes (bf16, GQA 32/8 unless noted).
+// The standard benchmark shapes (bf16, GQA 32/8 unless noted; docs/performance.md).
 std::vector<gqattn::Problem> standard_shapes() {
   return {
-      make(16, 1024, 1024, 32, 8, 128, true, 0, 0.0f),
-      make(4, 4096, 4096, 32, 8, 128, true, 0, 0.0f),
-      make(1, 16384, 16384, 32, 8, 128, true, 0, 0.0f),
-      make(4, 4096, 4096, 32, 8, 128, false, 0, 0.0f),
-      make(4, 4096, 4096, 32, 8, 64, true, 0, 0.0f),
-      make(4, 4096, 4096, 16, 8, 256, true, 0, 0.0f),
-      make(2, 8192, 8192, 16, 8, 256, true, 4096, 50.0f),
-      make(4, 4096, 4096, 32, 8, 128, true, 1024, 0.0f),
-      make(4, 4096, 4096, 32, 8, 128, true, 0, 30.0f),
+      gqattn::make_problem(16, 1024, 1024, 32, 8, 128, true, 0, 0.0f),
+      gqattn::make_problem(4, 4096, 4096, 32, 8, 128, true, 0, 0.0f),
+      gqattn::make_problem(1, 16384, 16384, 32, 8, 128, true, 0, 0.0f),
+      gqattn::make_problem(4, 4096, 4096, 32, 8, 128, false, 0, 0.0f),
+      gqattn::make_problem(4, 4096, 4096, 32, 8, 64, true, 0, 0.0f),
+      gqattn::make_problem(4, 4096, 4096, 16, 8, 256, true, 0, 0.0f),
+      gqattn::make_problem(2, 8192, 8192, 16, 8, 256, true, 4096, 50.0f),
+      gqattn::make_problem(4, 4096, 4096, 32, 8, 128, true, 1024, 0.0f),
+      gqattn::make_problem(4, 4096, 4096, 32, 8, 128, true, 0, 30.0f),
   };
 }
 
@@ -169,8 +154,9 @@ gqattn::Problem parse_shape(const std::string& text) {
     std::fprintf(stderr, "gqattn_bench: --shape wants B,Tq,Tk,H,Hkv,d,causal,window,softcap\n");
     std::exit(2);
   }
-  return make(int64_t(v[0]), int64_t(v[1]), int64_t(v[2]), int64_t(v[3]), int64_t(v[4]),
-              int64_t(v[5]), v[6] != 0.0, int64_t(v[7]), float(v[8]));
+  return gqattn::make_problem(int64_t(v[0]), int64_t(v[1]), int64_t(v[2]), int64_t(v[3]),
+                              int64_t(v[4]), int64_t(v[5]), v[6] != 0.0, int64_t(v[7]),
+                              float(v[8]));
 }
 
 struct DeviceTensor {

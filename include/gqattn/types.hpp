@@ -66,6 +66,12 @@ struct Problem {
   int64_t effective_window() const;
 };
 
+// A problem of B sequences of Tq queries and Tk keys, H query heads over
+// Hkv key/value heads of dimension d, with the given mask and softcap (scale
+// left to its default, 1/sqrt(d)).
+Problem make_problem(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t d,
+                     bool causal = false, int64_t window = 0, float softcap = 0.0f);
+
 struct Options {
   Backend backend = Backend::Auto;
   void* stream = nullptr;  // cudaStream_t for CUDA backends; ignored on the CPU

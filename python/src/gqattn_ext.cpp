@@ -170,16 +170,9 @@ gqattn::Problem make_problem(const InArray& q, const InArray& k, bool causal, in
   // against them. q and k must be rank 4 for the sizes to exist at all.
   require_rank("q", q.ndim(), kQShape);
   require_rank("k", k.ndim(), kKShape);
-  gqattn::Problem p;
-  p.B = int64_t(q.shape(0));
-  p.Tq = int64_t(q.shape(1));
-  p.H = int64_t(q.shape(2));
-  p.d = int64_t(q.shape(3));
-  p.Tk = int64_t(k.shape(1));
-  p.Hkv = int64_t(k.shape(2));
-  p.causal = causal;
-  p.window = window;
-  p.softcap = softcap;
+  gqattn::Problem p = gqattn::make_problem(
+      int64_t(q.shape(0)), int64_t(q.shape(1)), int64_t(k.shape(1)), int64_t(q.shape(2)),
+      int64_t(k.shape(2)), int64_t(q.shape(3)), causal, window, softcap);
   p.scale = scale;
   return p;
 }
@@ -386,16 +379,7 @@ nb::dict explain(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int6
                  int64_t window, float softcap, std::optional<float> scale,
                  const std::string& dtype, const std::string& device, const std::string& backend,
                  bool backward, bool deterministic) {
-  gqattn::Problem p;
-  p.B = B;
-  p.Tq = Tq;
-  p.Tk = Tk;
-  p.H = H;
-  p.Hkv = Hkv;
-  p.d = d;
-  p.causal = causal;
-  p.window = window;
-  p.softcap = softcap;
+  gqattn::Problem p = gqattn::make_problem(B, Tq, Tk, H, Hkv, d, causal, window, softcap);
   p.scale = scale;
   gqattn::Options options;
   options.deterministic = deterministic;

@@ -172,4 +172,19 @@ void store_from_float(void* data, DType dtype, std::size_t index, float value) {
   }
 }
 
+Problem make_problem(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t d,
+                     bool causal, int64_t window, float softcap) {
+  Problem p;
+  p.B = B;
+  p.Tq = Tq;
+  p.Tk = Tk;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.d = d;
+  p.causal = causal;
+  p.window = window;
+  p.softcap = softcap;
+  return p;
+}
+
 }  // namespace gqattn

@@ -20,20 +20,7 @@
 
 namespace gqattn::test {
 
-inline Problem make_problem(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t d,
-                            bool causal = false, int64_t window = 0, float softcap = 0.0f) {
-  Problem p;
-  p.B = B;
-  p.Tq = Tq;
-  p.Tk = Tk;
-  p.H = H;
-  p.Hkv = Hkv;
-  p.d = d;
-  p.causal = causal;
-  p.window = window;
-  p.softcap = softcap;
-  return p;
-}
+using gqattn::make_problem;
 
 // n values N(mean, 1), never zero-centred. With large_rows, about one row of
 // d in eight is scaled by 8. Fixed by the seed.

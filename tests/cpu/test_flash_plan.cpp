@@ -32,15 +32,7 @@ const PlanOverride kRule{};
 
 Problem shape(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t d, bool causal,
               float softcap = 0.0f) {
-  Problem p;
-  p.B = B;
-  p.Tq = p.Tk = T;
-  p.H = H;
-  p.Hkv = Hkv;
-  p.d = d;
-  p.causal = causal;
-  p.softcap = softcap;
-  return p;
+  return gqattn::make_problem(B, T, T, H, Hkv, d, causal, 0, softcap);
 }
 
 BackwardPlan backward(const Problem& p, const DeviceLimits& device = kH200,

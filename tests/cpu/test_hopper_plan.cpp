@@ -31,17 +31,7 @@ const PlanOverride kRule{};
 
 Problem shape(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t d, bool causal,
               int64_t window = 0, float softcap = 0.0f) {
-  Problem p;
-  p.B = B;
-  p.Tq = Tq;
-  p.Tk = Tk;
-  p.H = H;
-  p.Hkv = Hkv;
-  p.d = d;
-  p.causal = causal;
-  p.window = window;
-  p.softcap = softcap;
-  return p;
+  return gqattn::make_problem(B, Tq, Tk, H, Hkv, d, causal, window, softcap);
 }
 
 ForwardPlan forward(const Problem& p, DType dtype = DType::bf16) {

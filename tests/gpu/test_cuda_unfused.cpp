@@ -55,18 +55,7 @@ constexpr double kSoftcapGradTolerance = 1e-5;
 
 constexpr uint64_t kSeed = 20261130;
 
-Problem make_problem(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t d,
-                     bool causal) {
-  Problem p;
-  p.B = B;
-  p.Tq = Tq;
-  p.Tk = Tk;
-  p.H = H;
-  p.Hkv = Hkv;
-  p.d = d;
-  p.causal = causal;
-  return p;
-}
+using gqattn::make_problem;
 
 // Skips (with the reason) where cuda-unfused cannot run; the reason is the
 // device's absence or age, which Unfused.AvailabilityAndReasons pins down.
