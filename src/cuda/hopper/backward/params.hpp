@@ -266,5 +266,4 @@ constexpr std::size_t backward_smem_bytes(int64_t d) {
                     : backward_smem_bytes<256>();
 }
 
-
 }  // namespace gqattn::hopper::bwd
