@@ -1,9 +1,10 @@
 // cuda-hopper: byte offsets in the forward's K-major operand tiles (Q, K as
 // TMA writes them with the 128-byte swizzle), and the addresses a warp
-// gives ldmatrix to read Q's register A fragments from one (kQInRegisters,
-// consumer.cuh). Plain integer code for host and device, so that
-// tests/cpu/test_hopper_operand_layout.cpp checks the fragment addresses
-// against the layout's definition without a GPU.
+// gives ldmatrix to read Q's register A fragments from one
+// (tile_sizes.hpp q_in_registers, consumer_mainloop.cuh). Plain integer
+// code for host and device, so that tests/cpu/test_hopper_operand_layout.cpp
+// checks the fragment addresses against the layout's definition without a
+// GPU.
 //
 // The layout of a K-major [rows x d] 16-bit tile: d in column blocks of
 // kColBlock = 64 elements, each block [rows][128 bytes] (block b starts at
@@ -11,7 +12,7 @@
 // r sits at chunk c ^ (r % 8) (the tile is 1024-byte aligned, so r % 8 is
 // the row's position in its atom).
 // Also the layout of the epilogue's per-warp chunks of O (out_chunk_offset,
-// tile_sizes.hpp kWarpChunkOutput), checked by the same test.
+// epilogue.cuh store_output_by_warp_chunks), checked by the same test.
 #pragma once
 
 #include <cstdint>
@@ -81,8 +82,8 @@ GQATTN_HD uint32_t out_chunk_offset(int row, int piece) {
 }
 
 // The stmatrix.x4 destination of `lane` for pieces `piece` and piece + 1
-// of a warp's chunk of O (epilogue.cuh store_output_by_warp_chunks, with
-// kStmatrixStaging): matrix m = lane / 8 is rows 8 (m % 2) .. + 7 of piece
+// of a warp's chunk of O (epilogue.cuh store_output_by_warp_chunks):
+// matrix m = lane / 8 is rows 8 (m % 2) .. + 7 of piece
 // piece + m / 2, lane providing row lane % 8, as in
 // accumulator_stmatrix_offset. A matrix's 8 rows take 8 distinct 16-byte
 // bank groups (rows r and r + 1 differ by 64 bytes, (r / 2) % 4 by the

@@ -37,7 +37,8 @@ __device__ __forceinline__ bool staged_store_issuer() {
 // positions. Otherwise one 32-bit store per block and row: per store
 // instruction the 8 rows of a warp hit 8 different 16-byte chunks (the
 // swizzle XORs the chunk with row % 8). No bank conflict either way.
-// kByStmatrix: the forward passes kStmatrixStaging, the backward
+// kByStmatrix: the forward passes true
+// (docs/decisions/hopper-forward-stmatrix-staging.md), the backward
 // kBwdStmatrixStaging.
 template <int kCols, typename Elem, bool kByStmatrix>
 __device__ __forceinline__ void stage_rows(uint32_t staging, const float (&acc)[kCols / 8][4],

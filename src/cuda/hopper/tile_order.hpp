@@ -5,7 +5,7 @@
 // tests/cpu/test_hopper_tile_order.cpp checks on the CPU that every order
 // is a bijection onto the work tiles.
 //
-// The forward's two orders (TileSchedule, tile_coord.cuh, deals the
+// The forward's two orders (TileSchedule, tile_schedule.cuh, deals the
 // indices to the CTAs):
 // - longest first (causal or windowed problems, whose query tiles visit
 //   different numbers of key tiles): query-tile major, the last query tile
@@ -19,10 +19,11 @@
 //   share the K/V of a few pairs, which stay in L2, where the longest-first
 //   order has every CTA of a round on a different (batch, head) and streams
 //   the K/V of all of them at once (Nsight Compute, d128 non-causal B4 T4k
-//   H32/8: L2 hit rate 65%, DRAM 28% of peak; docs/hopper.md TODO 8).
+//   H32/8: L2 hit rate 65%, DRAM 28% of peak;
+//   docs/decisions/hopper-forward-kv-grouped-order.md).
 // In both, consecutive indices are consecutive query heads of one query tile
 // and batch wherever the GQA group has more than one head (K/V multicast's
-// units, tile_coord.cuh).
+// units, tile_schedule.cuh).
 #pragma once
 
 #include "cuda/fused/host_device.hpp"

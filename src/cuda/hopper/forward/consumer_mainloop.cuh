@@ -1,6 +1,6 @@
 // cuda-hopper: a consumer warpgroup's main loop: for each key tile the
 // producer delivers, S = Q K^T on wgmma (both operands from shared memory,
-// or with kQInRegisters Q from registers loaded once per work tile),
+// or, where q_in_registers(), Q from registers loaded once per work tile),
 // softcap and mask (cuda-flash's policy), online softmax (softmax.cuh, the
 // arithmetic of cuda-flash's; under ScoreMode::softcap_without_row_max the
 // no-offset softmax, with no row maximum and no rescale of O, and o divided
@@ -18,16 +18,16 @@
 //   (SBO) and the next 64 columns of d (N direction) a whole block,
 //   kBlockN * 128 bytes, further (LBO).
 //
-// Schedules (tile_sizes.hpp switches). Key tiles are visited in order
-// it = 0, 1, ... (n_block = keys.last - it), slot it % kStages.
-// - Overlapped (kIntraWarpgroupOverlap): prologue S(0), softmax(0); step
-//   it >= 1: finish step it-1 (wait_group 0: release V(it-2), rescale O,
-//   P(it-1) to A fragments); [wait V(it-1), K(it)] issue S(it), then
-//   O += P(it-1) V(it-1); wait_group 1 (S(it) retired: release K(it));
-//   softcap, mask, softmax of S(it) while the P V GEMM runs. After the
-//   loop: finish the last step, O += P(last) V(last).
-// - Serial: S(it), wait, softmax, P V, wait, per tile.
-// - Ping-pong (PingPong below) orders the warpgroups' GEMM issues.
+// Schedule: key tiles are visited in order it = 0, 1, ... (n_block =
+// keys.last - it), slot it % kStages. Overlapped within the warpgroup
+// (FlashAttention-3's intra-warpgroup pipelining): prologue S(0),
+// softmax(0); step it >= 1: finish step it-1 (wait_group 0: release
+// V(it-2), rescale O, P(it-1) to A fragments); [wait V(it-1), K(it)] issue
+// S(it), then O += P(it-1) V(it-1); wait_group 1 (S(it) retired: release
+// K(it)); softcap, mask, softmax of S(it) while the P V GEMM runs. After
+// the loop: finish the last step, O += P(last) V(last). Ping-pong
+// (PingPong below) orders the warpgroups' GEMM issues. Both:
+// docs/decisions/hopper-forward-overlap-and-ping-pong.md.
 // Invariants: an accumulator (S or O) is read only after the wait_group that
 // retires its GEMM and a pin(); registers written by ordinary code (S reused
 // as accumulator, O rescaled, P fragments) are fenced by wgmma_fence()
@@ -102,11 +102,11 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[kSteps][4], uint
 // Whether o is divided by the row sums of the 16-bit P (P times a tile of
 // ones on the tensor cores, below) rather than by the f32 sums: where no P
 // is exactly 1 and many are large, i.e. without row maximum (score_mode.hpp).
-// The kernel writes the ones tile exactly where this holds
-// (forward_kernel.cuh). Lazy rescaling above a threshold of 0 has the same
-// need in a milder form and meets it more cheaply (flash/softmax.cuh
-// OnlineSoftmax::kCompensate; these sums, tried for it, cost more tensor
-// time than the skipped rescales saved: docs/hopper.md TODO 7).
+// The kernel writes the ones tile exactly where this holds (kernel.cuh).
+// Lazy rescaling above a threshold of 0 has the same need in a milder form
+// and meets it more cheaply (fused/softmax.cuh OnlineSoftmax::kCompensate;
+// these sums, tried for it, cost more tensor time than the skipped rescales
+// saved: docs/decisions/hopper-forward-lazy-rescale.md).
 constexpr bool uses_tensor_row_sums(ScoreMode scores) {
   return scores == ScoreMode::softcap_without_row_max;
 }
@@ -128,19 +128,16 @@ struct ConsumerResult {
 // same number N of issue points in the CTA (per work tile with keys:
 // tiles + 1). The points of all the CTA's work tiles form one stream: WG0
 // skips only its first sync of the CTA (`issued` false).
-// Balance, which keeps every barrier phase complete at exit:
-// - one work tile per CTA (kPersistentScheduler off): the last warpgroup
-//   skips its last arrive (nobody waits for it); barrier WG0 sees N - 1
-//   syncs and N - 1 arrivals, every other barrier N and N;
-// - persistent: the last warpgroup arrives at every point (it cannot know
-//   which is the CTA's last) and WG0 consumes the last arrival in drain()
-//   after its last tile; every barrier sees N and N.
+// Balance, which keeps every barrier phase complete at exit: the last
+// warpgroup arrives at every point (with the persistent grid it cannot know
+// which is the CTA's last) and WG0 consumes the last arrival in drain()
+// after its last tile; every barrier sees N and N.
 // No barrier is ever arrived at twice before its sync: WG w's arrival k + 1
 // on barrier next follows its own sync k + 1, which follows its
 // predecessor's arrival k + 1, which (going round) follows next's sync k.
 // Runs with kN = 2; the tall d64 tile's three warpgroups passed the forward
-// tests with it but measured faster without (its kPingPongAllowed, in
-// tile_sizes.hpp).
+// tests with it but measured faster without (its kPingPongAllowed,
+// docs/decisions/hopper-forward-tall-d64-tile.md).
 template <int kN>
 struct PingPong {
   static_assert(kN >= 2, "ping-pong needs two consumer warpgroups or more");
@@ -155,16 +152,13 @@ struct PingPong {
   __device__ __forceinline__ void begin() const {
     if (on && (wg != 0 || issued)) ptx::named_barrier_sync(barrier(wg), kThreads);
   }
-  // last_point: the last issue point of the work tile.
-  __device__ __forceinline__ void end(bool last_point) {
-    if (on && (wg != kN - 1 || !last_point || kPersistentScheduler))
-      ptx::named_barrier_arrive(barrier((wg + 1) % kN), kThreads);
+  __device__ __forceinline__ void end() {
+    if (on) ptx::named_barrier_arrive(barrier((wg + 1) % kN), kThreads);
     issued = true;
   }
   // After the CTA's last work tile.
   __device__ __forceinline__ void drain() const {
-    if (kPersistentScheduler && on && wg == 0 && issued)
-      ptx::named_barrier_sync(barrier(0), kThreads);
+    if (on && wg == 0 && issued) ptx::named_barrier_sync(barrier(0), kThreads);
   }
 };
 static_assert(ptx::kFirstNamedBarrier + kMaxConsumerWarpgroups <= ptx::kNamedBarrierCount,
@@ -282,23 +276,24 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   // Softcap (before masking), mask, softmax of visit `it`: S becomes P
   // (alpha: O's rescale factors, to be applied iff it returns true; false
   // without row max).
+  // The tanh forms: the polynomial where the tile's logits are small
+  // (docs/decisions/hopper-forward-softcap-poly.md), else one or two MUFU
+  // ops per score (docs/decisions/hopper-forward-one-mufu-softcap.md).
   using Softmax = RowSoftmax<Tile::kLazyRescaleLog2>;
   const auto scores = [&](float(&s)[1][kNT][4], int it, Softmax& sm,
                           float(&alpha)[kSoftmaxRows]) -> bool {
     const int n0 = (tile.keys.last - it) * kBN;
     if constexpr (kSoftcap && !kRowMax) {  // S becomes v mult
-      if (kSoftcapPoly && Tile::kSoftcapPolyAllowed &&
-          fused::softcap_poly_applies(s, p.score.poly_bound))
+      if (Tile::kSoftcapPolyAllowed && fused::softcap_poly_applies(s, p.score.poly_bound))
         fused::softcap_exponents_poly(s, p.score.pre, p.score.poly_exponent);
       else if constexpr (Tile::kTwoMufuSoftcapExponents)
         fused::softcap_exponents(s, p.score.pre, sm.mult);
       else
         fused::apply_softcap_1mufu</*kScaled=*/true>(s, p.score.pre, sm.mult);
     } else if constexpr (kSoftcap) {  // S becomes v
-      if (kSoftcapPoly && Tile::kSoftcapPolyAllowed &&
-          fused::softcap_poly_applies(s, p.score.poly_bound))
+      if (Tile::kSoftcapPolyAllowed && fused::softcap_poly_applies(s, p.score.poly_bound))
         fused::softcap_tanh_poly(s, p.score.pre);
-      else if constexpr (kFastSoftcap && Tile::kFastSoftcapAllowed)
+      else if constexpr (Tile::kFastSoftcapAllowed)
         fused::apply_softcap_1mufu(s, p.score.pre);
       else
         fused::apply_softcap(s, p.score.pre);
@@ -306,7 +301,9 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
     if (!mask.queries_fully_kept(wg_query0, wg_query1, n0, kBN))
       mask.apply</*kRowsAreKeys=*/false>(s, warp_row0, n0, lane, -INFINITY, p.pack_shift);
     if constexpr (kRowMax) {
-      return sm.template scores_to_p<kLazyRescale, kFmaExp2Quarters, Elem>(s, alpha);
+      // Lazy rescaling at the tile's threshold:
+      // docs/decisions/hopper-forward-lazy-rescale.md.
+      return sm.template scores_to_p</*kLazy=*/true, kFmaExp2Quarters, Elem>(s, alpha);
     } else {
       sm.template update_unshifted<kFmaExp2Quarters>(s);
       return false;
@@ -348,105 +345,82 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
   // Once every S = Q K^T GEMM of the tile has retired (all read Q).
   const auto release_q = [&] { release(smem + L::kQEmpty); };
 
-  if constexpr (kIntraWarpgroupOverlap) {
-    // The end of step `it` (its softmax done): retire the P V GEMM of
-    // visit it-1 (none when it == 0; wait_group 0 then returns at once) and
-    // release its V slot, rescale O to step it's row maxima, P(it) to A
-    // fragments.
-    const auto finish_step = [&](int it) {
-      ptx::wgmma_wait<0>();
-      pin_o();
-      ptx::pin(pa);  // the GEMM read pa until here
-      if (it > 0) release_kv(smem + L::kVEmpty + bar_off(it - 1));
-      if (kRowMax && (!kLazyRescale || rescale)) softmax.rescale(o, alpha);
-      to_a(pa, s);
-    };
-    if (tiles > 0) {
-      // Prologue (issue point 0): S(0) alone.
-      ptx::mbar_wait(smem + L::kKFull + bar_off(0), parity(0));
-      pp.begin();
-      ptx::wgmma_fence();
-      issue_qk(s, k_tile(0));
-      pp.end(/*last_point=*/false);
-      ptx::wgmma_wait<0>();
-      ptx::pin(s[0]);
-      pin_q();
-      release_kv(smem + L::kKEmpty + bar_off(0));
-      rescale = scores(s, 0, softmax, alpha);  // alpha = 0 (row max was -inf); O is 0
+  // The end of step `it` (its softmax done): retire the P V GEMM of
+  // visit it-1 (none when it == 0; wait_group 0 then returns at once) and
+  // release its V slot, rescale O to step it's row maxima, P(it) to A
+  // fragments.
+  const auto finish_step = [&](int it) {
+    ptx::wgmma_wait<0>();
+    pin_o();
+    ptx::pin(pa);  // the GEMM read pa until here
+    if (it > 0) release_kv(smem + L::kVEmpty + bar_off(it - 1));
+    if (kRowMax && rescale) softmax.rescale(o, alpha);
+    to_a(pa, s);
+  };
+  if (tiles > 0) {
+    // Prologue (issue point 0): S(0) alone.
+    ptx::mbar_wait(smem + L::kKFull + bar_off(0), parity(0));
+    pp.begin();
+    ptx::wgmma_fence();
+    issue_qk(s, k_tile(0));
+    pp.end();
+    ptx::wgmma_wait<0>();
+    ptx::pin(s[0]);
+    pin_q();
+    release_kv(smem + L::kKEmpty + bar_off(0));
+    rescale = scores(s, 0, softmax, alpha);  // alpha = 0 (row max was -inf); O is 0
 
-      // Issue point it: S(it) and P(it-1) V(it-1) in flight together. The
-      // loop is rotated: an iteration first finishes step it-1 (wait for its
-      // P V GEMM, rescale O, convert P(it-1)), then issues and does the
-      // softmax of S(it). The loop's back edge thus separates the softmax
-      // from the wait_group 0 that follows it; within one basic block ptxas
-      // hoists that wait above the softmax (seen with ptxas 13.0), which
-      // serialises the softmax behind the P V GEMM and undoes the overlap.
-      for (int it = 1; it < tiles; ++it) {
-        finish_step(it - 1);
-        // Both waits before the fence: a spin loop between the fence and a
-        // wgmma makes ptxas inject another warpgroup.arrive (C7519). V(it-1)
-        // was copied before K(it), so waiting for it first costs nothing.
-        ptx::mbar_wait(smem + L::kVFull + bar_off(it - 1), parity(it - 1));
-        ptx::mbar_wait(smem + L::kKFull + bar_off(it), parity(it));
-        pp.begin();
-        ptx::pin(s[0]);
-        pin_o();
-        ptx::pin(pa);
-        ptx::wgmma_fence();
-        issue_qk(s, k_tile(it));
-        issue_pv(o, pa, v_tile(it - 1));
-        pp.end(false);
-        ptx::wgmma_wait<1>();  // S(it) retired; P V may still run
-        ptx::pin(s[0]);
-        pin_q();
-        release_kv(smem + L::kKEmpty + bar_off(it));
-        rescale = scores(s, it, softmax, alpha);  // overlaps the P V GEMM
-      }
-      release_q();  // S(tiles - 1) retired: by the loop's wait_group 1 or the prologue's 0
-      finish_step(tiles - 1);
-
-      // Epilogue (issue point tiles, the last): P(last) V(last).
-      const int last = tiles - 1;
-      ptx::mbar_wait(smem + L::kVFull + bar_off(last), parity(last));
-      pp.begin();
-      pin_o();
-      ptx::pin(pa);
-      ptx::wgmma_fence();
-      issue_pv(o, pa, v_tile(last));
-      pp.end(/*last_point=*/true);
-      ptx::wgmma_wait<0>();
-      pin_o();
-      ptx::pin(pa);
-      release_kv(smem + L::kVEmpty + bar_off(last));
-    } else {
-      release_q();
-    }
-  } else {
-    for (int it = 0; it < tiles; ++it) {
+    // Issue point it: S(it) and P(it-1) V(it-1) in flight together. The
+    // loop is rotated: an iteration first finishes step it-1 (wait for its
+    // P V GEMM, rescale O, convert P(it-1)), then issues and does the
+    // softmax of S(it). The loop's back edge thus separates the softmax
+    // from the wait_group 0 that follows it; within one basic block ptxas
+    // hoists that wait above the softmax (seen with ptxas 13.0), which
+    // serialises the softmax behind the P V GEMM and undoes the overlap.
+    for (int it = 1; it < tiles; ++it) {
+      finish_step(it - 1);
+      // Both waits before the fence: a spin loop between the fence and a
+      // wgmma makes ptxas inject another warpgroup.arrive (C7519). V(it-1)
+      // was copied before K(it), so waiting for it first costs nothing.
+      ptx::mbar_wait(smem + L::kVFull + bar_off(it - 1), parity(it - 1));
       ptx::mbar_wait(smem + L::kKFull + bar_off(it), parity(it));
+      pp.begin();
+      ptx::pin(s[0]);
+      pin_o();
+      ptx::pin(pa);
       ptx::wgmma_fence();
       issue_qk(s, k_tile(it));
-      ptx::wgmma_wait<0>();
+      issue_pv(o, pa, v_tile(it - 1));
+      pp.end();
+      ptx::wgmma_wait<1>();  // S(it) retired; P V may still run
       ptx::pin(s[0]);
       pin_q();
       release_kv(smem + L::kKEmpty + bar_off(it));
-      if (scores(s, it, softmax, alpha)) softmax.rescale(o, alpha);
-      to_a(pa, s);
-      ptx::mbar_wait(smem + L::kVFull + bar_off(it), parity(it));
-      pin_o();
-      ptx::pin(pa);
-      ptx::wgmma_fence();
-      issue_pv(o, pa, v_tile(it));
-      ptx::wgmma_wait<0>();
-      pin_o();
-      release_kv(smem + L::kVEmpty + bar_off(it));
+      rescale = scores(s, it, softmax, alpha);  // overlaps the P V GEMM
     }
-    release_q();  // every GEMM of the tile was waited for
+    release_q();  // S(tiles - 1) retired: by the loop's wait_group 1 or the prologue's 0
+    finish_step(tiles - 1);
+
+    // Epilogue (issue point tiles, the last): P(last) V(last).
+    const int last = tiles - 1;
+    ptx::mbar_wait(smem + L::kVFull + bar_off(last), parity(last));
+    pp.begin();
+    pin_o();
+    ptx::pin(pa);
+    ptx::wgmma_fence();
+    issue_pv(o, pa, v_tile(last));
+    pp.end();
+    ptx::wgmma_wait<0>();
+    pin_o();
+    ptx::pin(pa);
+    release_kv(smem + L::kVEmpty + bar_off(last));
+  } else {
+    release_q();
   }
 
   if constexpr (!kRowMax)
     softmax.finalize_unshifted(o, out.lse, p_sums[0]);
-  else if constexpr (kLazyRescale && Softmax::kCompensate)
+  else if constexpr (Softmax::kCompensate)
     softmax.finalize_compensated(o, out.lse);
   else
     softmax.finalize(o, out.lse);

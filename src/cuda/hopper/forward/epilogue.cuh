@@ -2,16 +2,15 @@
 // (already normalised, f32 in the wgmma accumulator layout) rounded to the
 // I/O type and stored, and lse (natural log) stored by the lane that owns
 // each row (skipped when p.lse is null). Two ways for O:
-// - staged (tile_sizes.hpp kTmaStoreOutput, where the tile stages O and
-//   ForwardParams::o_by_tma): the warpgroup writes its rows into its own
-//   staging area of shared memory, swizzled as the O map expects, and its
-//   first thread stores them by TMA, which clips rows past Tq; the
-//   consumers go on at once, and only the next tile's epilogue waits until
-//   the copy has read the staging area;
-// - by warp chunks (tile_sizes.hpp kWarpChunkOutput, where the tile has no
-//   room to stage O and ForwardParams::o_by_16_byte_stores): each warp
-//   writes 32 columns of its 16 rows into its own 1 KB of shared memory
-//   (by stmatrix.x4 with kStmatrixStaging, else 32-bit stores) and reads
+// - staged (where the tile stages O and ForwardParams::o_by_tma): the
+//   warpgroup writes its rows into its own staging area of shared memory,
+//   swizzled as the O map expects, and its first thread stores them by
+//   TMA, which clips rows past Tq; the consumers go on at once, and only
+//   the next tile's epilogue waits until the copy has read the staging
+//   area;
+// - by warp chunks (where the tile has no room to stage O, without
+//   softcap, and ForwardParams::o_by_16_byte_stores): each warp writes 32
+//   columns of its 16 rows into its own 1 KB of shared memory and reads
 //   them back as 16-byte pieces, four lanes per 64-byte row segment,
 //   which it stores; rows past Tq are not written;
 // - plain: 32-bit stores from registers, two columns each; rows past Tq are
@@ -20,6 +19,9 @@
 // head tile.h + r % 2^pack_shift; the O map's box then spans those heads and
 // 64 >> pack_shift queries, one warpgroup's rows in the same order.
 // Split-KV (split_kv.hpp): f32 partials instead (store_split_partial).
+// Why these paths: docs/decisions/hopper-forward-output-stores.md; both
+// write shared memory by stmatrix.x4:
+// docs/decisions/hopper-forward-stmatrix-staging.md.
 // Checked by tests/gpu/test_hopper_forward.cpp (NaN-poisoned outputs catch
 // unwritten rows, padded strides catch writes outside the tensor; an o
 // stride TMA cannot take runs the plain stores and must give the same bits).
@@ -41,7 +43,7 @@
 namespace gqattn::hopper {
 
 // Named barriers of the staged epilogue, one per consumer warpgroup, after
-// the ping-pong's (consumer.cuh PingPong).
+// the ping-pong's (consumer_mainloop.cuh PingPong).
 constexpr uint32_t kOutputBarrier = ptx::kFirstNamedBarrier + kMaxConsumerWarpgroups;
 static_assert(kOutputBarrier + kMaxConsumerWarpgroups <= ptx::kNamedBarrierCount,
               "epilogue barrier IDs out of range");
@@ -60,7 +62,7 @@ __device__ __forceinline__ void store_output_staged(const ForwardParams& p, cons
   if (issuer) ptx::bulk_wait_read_all();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
 
-  stage_rows<kD, Elem, kStmatrixStaging>(staging, r.o[0], 1.0f);
+  stage_rows<kD, Elem, /*kByStmatrix=*/true>(staging, r.o[0], 1.0f);
   // Every thread's writes, then the barrier, then the copy reads them.
   ptx::fence_proxy_async_shared();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
@@ -109,11 +111,12 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
 }
 
 // Whether the epilogue of the kernel of `Tile` and `kScores` passes O
-// through per-warp chunks (reserves_output_chunks): not under softcap,
-// whose d256 kernel ran slower with them (tile_sizes.hpp kWarpChunkOutput).
+// through per-warp chunks (where it does not stage O): not under softcap,
+// whose d256 kernel ran slower with them
+// (docs/decisions/hopper-forward-output-stores.md).
 template <class Tile, ScoreMode kScores>
 constexpr bool chunks_output() {
-  return reserves_output_chunks<Tile>() && kScores == ScoreMode::plain;
+  return !stages_output<Tile>() && kScores == ScoreMode::plain;
 }
 
 template <class Tile, typename Elem>
@@ -143,29 +146,14 @@ __device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams&
   }
 #pragma unroll
   for (int c = 0; c < kD / kOutChunkCols; ++c) {
-    if constexpr (kStmatrixStaging) {
 #pragma unroll
-      for (int j = 0; j < kBlocksPerChunk; j += 2) {
-        const int i = c * kBlocksPerChunk + j;
-        const auto& a = r.o[0];
-        ptx::stmatrix_x4(chunk + chunk_stmatrix_offset(j, lane),
-                         fused::pack2<Elem>(a[i][0], a[i][1]), fused::pack2<Elem>(a[i][2], a[i][3]),
-                         fused::pack2<Elem>(a[i + 1][0], a[i + 1][1]),
-                         fused::pack2<Elem>(a[i + 1][2], a[i + 1][3]));
-      }
-    } else {
-      const int col0 = fused::frag_col(lane);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = fused::frag_row(lane) + half * fused::kFragRowHalf;
-#pragma unroll
-        for (int j = 0; j < kBlocksPerChunk; ++j) {
-          const int i = c * kBlocksPerChunk + j;
-          const uint32_t addr = chunk + out_chunk_offset(row, j) + uint32_t(col0) * kElemBytes;
-          const uint32_t pair = fused::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
-        }
-      }
+    for (int j = 0; j < kBlocksPerChunk; j += 2) {
+      const int i = c * kBlocksPerChunk + j;
+      const auto& a = r.o[0];
+      ptx::stmatrix_x4(chunk + chunk_stmatrix_offset(j, lane), fused::pack2<Elem>(a[i][0], a[i][1]),
+                       fused::pack2<Elem>(a[i][2], a[i][3]),
+                       fused::pack2<Elem>(a[i + 1][0], a[i + 1][1]),
+                       fused::pack2<Elem>(a[i + 1][2], a[i + 1][3]));
     }
     __syncwarp();
 #pragma unroll
@@ -185,7 +173,7 @@ __device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams&
 
 // Split-KV (split_kv.hpp): the task's rows, normalised over its range of
 // key tiles, as f32 O and lse into the workspace partials (ForwardParams
-// o_part, lse_part) that forward_combine.cuh merges into o and lse. A row
+// o_part, lse_part) that split_combine.cuh merges into o and lse. A row
 // with no kept key in the range has O 0 and lse -inf (the softmax's
 // finalize), so it weighs nothing there.
 template <int kD>
@@ -215,7 +203,7 @@ __device__ __forceinline__ void store_output(const ForwardParams& p, const TileC
                                              int wg, const ConsumerResult<Tile::kD>& r,
                                              uint32_t smem) {
   // A warpgroup whose rows all lie before row 0 (the first tile of an
-  // end-aligned causal problem, tile_coord.cuh query_tile_shift) has nothing
+  // end-aligned causal problem, tile_schedule.cuh query_tile_shift) has nothing
   // to store; no warpgroup has only some of its rows there.
   if (tile.m0 + wg * kWgmmaM < 0) return;
   if (p.num_splits > 1) {

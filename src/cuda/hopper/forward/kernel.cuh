@@ -1,26 +1,27 @@
 // cuda-hopper: the forward kernel (sm_90a): warp-specialised, FlashAttention-3
 // style, instantiated per tile shape (Tile = ForwardTile<kD, kShape>,
-// tile_sizes.hpp), element type and ScoreMode (flash/score_mode.hpp). A CTA of
-// 384 threads (512 on the tall d64 tile) works through the work tiles (query
-// tile of kBlockM rows, head, batch) its TileSchedule deals it — one tile per
-// CTA, or, with kPersistentScheduler, one CTA per SM looping over tiles:
+// tile_sizes.hpp), element type and ScoreMode (fused/score_mode.hpp). A CTA
+// of 384 threads (512 on the tall d64 tile) works through the work tiles
+// (query tile of kBlockM rows, head, batch) its TileSchedule deals it, one
+// CTA per SM looping over tiles (the persistent grid,
+// docs/decisions/hopper-forward-persistent-grid.md):
 //   warpgroup 0 (producer, setmaxnreg 24; 32 beside three consumers): one
-//     thread issues every TMA copy of every tile (producer.cuh); the other
-//     producer threads exit at once;
+//     thread issues every TMA copy of every tile (producer_loads.cuh); the
+//     other producer threads exit at once;
 //   warpgroups 1.. (consumers, setmaxnreg 240; 160 for three): 64 query rows
-//     each, wgmma main loop (consumer.cuh; GEMM issues go round the
-//     warpgroups through named barriers 8.. when ping-pong is on), then the epilogue
-//     (epilogue.cuh: O by TMA from a staging area where the tile has one),
-//     per tile; the producer meanwhile loads the next tile's Q (once every
-//     consumer warpgroup released Q) and K/V.
-// kCluster 2 (K/V multicast, tile_sizes.hpp kMulticastKV): the kernel runs
-// in clusters of two CTAs on two query heads of one kv head; each producer
-// copies half of every K/V tile into both CTAs, so the K/V empty barriers
-// count both CTAs' consumer warps, barrier initialisation is made visible
-// cluster-wide before any copy, and no thread leaves before the whole
-// cluster is done (the other CTA may still copy into, or arrive on, this
-// CTA's shared memory until then).
-// Checked against the f64 oracle by tests/gpu/test_hopper_forward.cpp.
+//     each, wgmma main loop (consumer_mainloop.cuh; GEMM issues go round the
+//     warpgroups through named barriers 8.. where the tile ping-pongs), then
+//     the epilogue (epilogue.cuh: O by TMA from a staging area where the
+//     tile has one), per tile; the producer meanwhile loads the next tile's
+//     Q (once every consumer warpgroup released Q) and K/V.
+// kCluster 2 (K/V multicast, docs/decisions/hopper-forward-multicast-kv.md):
+// the kernel runs in clusters of two CTAs on two query heads of one kv
+// head; each producer copies half of every K/V tile into both CTAs, so the
+// K/V empty barriers count both CTAs' consumer warps, barrier
+// initialisation is made visible cluster-wide before any copy, and no
+// thread leaves before the whole cluster is done (the other CTA may still copy into, or arrive on,
+// this CTA's shared memory until then). Checked against the f64 oracle by
+// tests/gpu/test_hopper_forward.cpp.
 //
 // Only the sm_90a compilation pass has a body: wgmma and setmaxnreg exist
 // nowhere else. Other passes (sm_80 in the default 80;90a build) compile a
@@ -80,9 +81,9 @@ __global__ void __launch_bounds__(forward_threads<Tile>(), 1)
     ptx::mbar_init_fence();
   }
   if constexpr (uses_tensor_row_sums(kScores)) {
-    // The tile of ones (consumer.cuh's row sums of P), written once; the
-    // fence makes these generic-proxy writes visible to wgmma (async proxy)
-    // after the barrier.
+    // The tile of ones (consumer_mainloop.cuh's row sums of P), written
+    // once; the fence makes these generic-proxy writes visible to wgmma
+    // (async proxy) after the barrier.
     constexpr int kWords = int(L::kOnesBytes / sizeof(uint32_t));
     uint32_t* ones = reinterpret_cast<uint32_t*>(smem_raw + (smem - smem_unaligned) + L::kOnes);
     for (int i = int(threadIdx.x); i < kWords; i += kThreads)
@@ -112,8 +113,7 @@ __global__ void __launch_bounds__(forward_threads<Tile>(), 1)
   }
   ptx::setmaxnreg_inc<TileRegisters<Tile>::kConsumer>();
   const int wg = warpgroup - 1;
-  PingPong<consumer_warpgroups<Tile>()> pp{
-      kPingPong && kIntraWarpgroupOverlap && Tile::kPingPongAllowed, wg};
+  PingPong<consumer_warpgroups<Tile>()> pp{Tile::kPingPongAllowed, wg};
   int kv_base = 0;  // K/V visits of the earlier tiles, as the producer counts
   for (int t = 0; schedule.valid(t); ++t) {
     const TileCoord tile = tile_coord<Tile>(p, mask, int(schedule.index(t)));

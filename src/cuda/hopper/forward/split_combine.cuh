@@ -29,7 +29,7 @@ constexpr int kCombineThreads = kCombineWarps * kWarpSize;
 template <int kD, typename Elem>
 __global__ void __launch_bounds__(kCombineThreads)
     forward_combine_kernel(const __grid_constant__ ForwardParams p) {
-  // Launched by programmatic dependent launch (kCombineOverlap): the
+  // Launched by programmatic dependent launch (docs/decisions/hopper-forward-split-kv.md): the
   // forward grid's partials are complete and visible only after this
   // (without the launch attribute it returns at once).
   ptx::wait_on_prerequisites();

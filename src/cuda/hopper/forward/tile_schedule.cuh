@@ -9,12 +9,11 @@
 // gridDim.x. The order is fixed (deterministic, no atomics) and the same in
 // the producer and the consumers of a CTA; serpentine rounds cancel the bias
 // a plain stride would give CTA 0 (always the longest tile of a round).
-// With one CTA per tile (kPersistentScheduler off) every CTA gets exactly
-// index blockIdx.x. With clusters of kCluster CTAs (K/V multicast,
-// tile_sizes.hpp) the same is dealt in units of kCluster consecutive
-// indices, one unit per cluster, and the CTA of rank r takes index
-// kCluster unit + r: consecutive indices are consecutive query heads of the
-// same query tile and batch, so a unit's tiles visit the same key tiles.
+// With clusters of kCluster CTAs (K/V multicast, tile_sizes.hpp) the same
+// is dealt in units of kCluster consecutive indices, one unit per cluster,
+// and the CTA of rank r takes index kCluster unit + r: consecutive indices
+// are consecutive query heads of the same query tile and batch, so a unit's
+// tiles visit the same key tiles.
 // Split-KV (split_kv.hpp, ForwardParams::num_splits > 1): each work tile is
 // num_splits consecutive tasks, each visiting one range of its key tiles.
 // Packed GQA (pack_gqa.hpp, ForwardParams::pack_shift > 0): a tile's rows are
@@ -67,16 +66,18 @@ struct TileSchedule {
 
 // The tile order's arguments for problem p on Tile: kv-grouped
 // (Tile::kKvGroupPairs pairs) where every tile visits every key tile, else
-// longest first. Packed, the "heads" of the order are the kv heads.
+// longest first (docs/decisions/hopper-forward-kv-grouped-order.md).
+// Packed, the "heads" of the order are the kv heads.
 template <class Tile>
 __device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p) {
-  const int pairs = kKvGroupedOrder && p.mask.keeps_all_pairs() ? Tile::kKvGroupPairs : 0;
+  const int pairs = p.mask.keeps_all_pairs() ? Tile::kKvGroupPairs : 0;
   const int heads = tile_heads(p);
   return TileOrderArgs{p.B, heads, p.Hkv, p.num_tiles / p.num_splits / (p.B * heads), pairs};
 }
 
 // How many rows before row 0 the first query tile starts
-// (kEndAlignedCausalTiles): under a causal mask the last tile visits every
+// (docs/decisions/hopper-forward-end-aligned-causal-tiles.md): under a
+// causal mask the last tile visits every
 // key tile and the first the fewest, so the rows that round Tq up to whole
 // tiles go before the first tile's rows rather than after the last's, in
 // whole warpgroups (64 rows: a warpgroup has rows either all before row 0
@@ -86,7 +87,7 @@ __device__ __forceinline__ TileOrderArgs tile_order_args(const ForwardParams& p)
 // be whole queries of every head.
 template <class Tile>
 __device__ __forceinline__ int query_tile_shift(const MaskPolicy& mask, int num_m) {
-  if (!kEndAlignedCausalTiles || !mask.causal) return 0;
+  if (!mask.causal) return 0;
   const int spare_rows = num_m * Tile::kBlockM - mask.tq;  // in [0, kBlockM)
   return spare_rows / kWgmmaM * kWgmmaM;
 }
