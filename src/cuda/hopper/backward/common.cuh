@@ -5,7 +5,7 @@
 // dP (both kernels, either orientation). Checked by compiling for sm_90a
 // (`-Xptxas -v`, SASS HGMMA) and by tests/gpu/test_hopper_backward.cpp.
 //
-// Shared-memory tiles (as in the forward, docs/hopper.md): a [rows x d]
+// Shared-memory tiles (as in the forward, docs/backends/cuda-hopper.md): a [rows x d]
 // tile is d/64 column blocks of [rows][64] elements (128-byte rows, 128-byte
 // swizzle), each block starting on a 1024-byte boundary (descriptor base
 // offset 0). A consumer warpgroup's 64-row slice of a taller tile starts
@@ -194,11 +194,12 @@ __device__ __forceinline__ float to_softcap_r(float& s, float k) {
 }
 
 // Under softcap, a warp's whole tile: s <- r as to_softcap_r, and
-// sink(nt, e, r - r^2) for each element. By the polynomial (no MUFU op;
-// kBwdSoftcapPoly) where every raw score of the warp's tile is in its range
+// sink(nt, e, r - r^2) for each element. With kPoly (bwd_softcap_poly:
+// docs/decisions/hopper-backward-softcap-poly.md) by the polynomial (no
+// MUFU op) where every raw score of the warp's tile is in its range
 // (softcap.cuh softcap_poly_applies, one vote; all lanes active), else by
-// ex2 + rcp; kPoly false (bwd_softcap_poly): always the latter. Both give r
-// within about 1e-7.
+// ex2 + rcp; without kPoly always the latter. Both give r within about
+// 1e-7.
 template <bool kPoly, int kNT, class Sink>
 __device__ __forceinline__ void to_softcap_r_tile(float (&s)[1][kNT][4],
                                                   const fused::ScoreArgs& score, Sink&& sink) {

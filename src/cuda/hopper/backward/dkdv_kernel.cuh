@@ -14,13 +14,13 @@
 //     the others reduce-add, in an order fixed by semaphores);
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 keys each (d 256: the
 //     same 64 keys, one forming dV and the other dK,
-//     backward_dkdv_split_grad.cuh; or, kBwdDkdvSplitD256 = kD, half of d
-//     each, trading S^T and dP^T: backward_split_exchange.cuh), per step
+//     dkdv_split_grad.cuh), per step
 //     S^T = K Q^T, dP^T = V dO^T        (wgmma SS, N = 64 queries)
 //     P^T = 2^(v * mult - lse2)          (masked elements 0)
 //     dS^T = P^T o (dP^T - D) [o (1 - v^2) under softcap, v before masking]
 //     dV += P^T dO, dK += dS^T Q         (wgmma RS: P^T, dS^T straight from
-//                                         the accumulators; dO, Q MN-major)
+//                                         the accumulators; dO, Q MN-major;
+//                                         dV issued before dS^T is formed)
 //     fused dQ: dS^T to shared memory; once both warpgroups have written
 //     theirs (named barrier), dQ_part = dS K (wgmma SS, both operands
 //     MN-major, issued before dK's), half of d per warpgroup, staged in
@@ -29,7 +29,7 @@
 //     completed and the other warpgroup has handed over its half of dS^T
 //     (which then goes on without waiting: dkdv_finish_step_dq_by_turns);
 //   then dK *= scale and the stores of the rows < Tk (by TMA from a staging
-//   area over the ring, backward_epilogue.cuh, or plain).
+//   area over the ring, epilogue.cuh, or plain).
 //
 // Barriers (DkdvSmem): kv_full (count 1, phase 0 only); per slot s full[s]
 // (count 1: the producer's arrive.expect_tx of Q + dO + lse2 + D bytes) and
@@ -66,7 +66,6 @@
 #include "cuda/hopper/backward/dq_writer.cuh"
 #include "cuda/hopper/backward/epilogue.cuh"
 #include "cuda/hopper/backward/params.hpp"
-#include "cuda/hopper/backward/split_exchange.cuh"
 #include "cuda/hopper/ptx/bulk_copy.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
 #include "cuda/hopper/ptx/grid_dependency.cuh"
@@ -147,25 +146,24 @@ __device__ __forceinline__ void stage_dq_partial(uint32_t smem,
 }
 
 // Fused dQ by turns (dq_by_turns): the rest of step t once dS^T is packed
-// (dsa; P^T in pa, dV's wgmma already committed when kBwdOverlapDv). Both
-// warpgroups put their dS^T rows into the step's buffer and run dK (and dV);
-// warpgroup t % 2 then waits for the other's half, forms the step's whole
-// dQ partial dS K (A the dS buffer, B the K tile, both MN-major; N = d) once
-// its dV and dK have completed, so that its registers hold dK, dV and dQ
+// (dsa; dV's wgmma already committed). Both warpgroups put their dS^T rows
+// into the step's buffer and run dK; warpgroup t % 2 then waits for the
+// other's half, forms the step's whole dQ partial dS K (A the dS buffer, B the K tile, both
+// MN-major; N = d) once its dV and dK have completed, so that its registers hold dK, dV and dQ
 // only, and stages it for the writers. The other warpgroup arrives and
 // moves on, so the two are no longer tied together every step (they may
 // drift up to about a step apart; how far they do is not measured), and
 // one's element-wise work can run while the other's GEMMs do.
 template <int kD, typename Elem, int kStepsM>
 __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
-    const DkdvWork& w, uint32_t smem, uint32_t q_tile, uint32_t do_tile, uint32_t ds_buf, int stage,
-    int t, int wg, int warp, int lane, const uint32_t (&pa)[kStepsM][4],
-    const uint32_t (&dsa)[kStepsM][4], float (&dv)[kD / 8][4], float (&dk)[kD / 8][4]) {
+    const DkdvWork& w, uint32_t smem, uint32_t q_tile, uint32_t ds_buf, int stage, int t, int wg,
+    int warp, int lane, const uint32_t (&dsa)[kStepsM][4], float (&dv)[kD / 8][4],
+    float (&dk)[kD / 8][4]) {
   using Tile = DkdvTile<kD>;
   using L = DkdvSmem<kD, true>;
   constexpr int kBM = Tile::kBlockM;
   constexpr uint32_t kPairThreads = kBwdConsumerWarpgroups * kWarpgroupThreads;
-  static_assert(!Tile::kSplitD && Tile::kDqCols == kD, "by turns: whole rows of d");
+  static_assert(Tile::kDqCols == kD, "by turns: whole rows of d");
   const bool dq_turn = (t & 1) == wg;  // warpgroup-uniform
   const uint32_t buffer = uint32_t(t & 1);
   const uint32_t wg_rows = uint32_t(wg) * kWarpgroupRowBytes;
@@ -176,11 +174,6 @@ __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
   ptx::fence_proxy_async_shared();
   if (!dq_turn) ptx::named_barrier_arrive(kDsSentBarrier + buffer, kPairThreads);
   ptx::wgmma_fence();
-  if constexpr (!kBwdOverlapDv) {
-#pragma unroll
-    for (int kk = 0; kk < kStepsM; ++kk)
-      ptx::Wgmma<kD, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile, kk), 1);
-  }
 #pragma unroll
   for (int kk = 0; kk < kStepsM; ++kk)
     ptx::Wgmma<kD, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile, kk), 1);
@@ -213,39 +206,29 @@ __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
 }
 
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
-// [n0 + 64 wg, n0 + 64 wg + 64), all d columns; or, split over d
-// (DkdvTile::kSplitD), keys [n0, n0 + 64) and dK, dV columns
-// [kColsPerWg wg, kColsPerWg (wg + 1)).
+// [n0 + 64 wg, n0 + 64 wg + 64), all d columns.
 template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
 __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const DkdvWork& w,
                                              const fused::MaskPolicy& mask, uint32_t smem,
                                              const unsigned char* smem_ptr, int wg) {
   using Tile = DkdvTile<kD>;
   using L = DkdvSmem<kD, kFusedDq>;
-  constexpr bool kSplit = Tile::kSplitD;
   constexpr int kBN = Tile::kBlockN;
   constexpr int kBM = Tile::kBlockM;
-  constexpr int kDW = Tile::kColsPerWg;   // dK, dV columns of this warpgroup
   constexpr int kNT = kBM / 8;            // n8 blocks of S^T, dP^T (queries)
   constexpr int kStepsD = kD / kWgmmaK;   // k-steps of S^T, dP^T
   constexpr int kStepsM = kBM / kWgmmaK;  // k-steps of dV, dK
   // S^T and dP^T as two wgmma groups (P^T, under softcap also the factor
   // of 1 - tanh^2, computed while dP^T runs; overlap_s_dp says where).
   constexpr bool kOverlapSdP = overlap_s_dp(kSoftcap, kD);
-  constexpr bool kExchange = split_exchange(kD, kSoftcap);
-  constexpr bool kHandover = split_handover(kD, kSoftcap);
-  static_assert(kBN == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
-                "one wgmma M of keys per warpgroup (or shared by both when split over d)");
-  static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
+  static_assert(kBN == kBwdConsumerWarpgroups * kWgmmaM, "one wgmma M of keys per warpgroup");
+  static_assert(Tile::kColsPerWg == kD, "each warpgroup owns all d columns of its keys");
 
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
-  const int wg_key0 = w.n0 + (kSplit ? 0 : wg * kWgmmaM);
+  const int wg_key0 = w.n0 + wg * kWgmmaM;
   const int warp_key0 = wg_key0 + warp * fused::kMmaM;
-  const uint32_t wg_rows = kSplit ? 0u : uint32_t(wg) * kWarpgroupRowBytes;
-  // Byte offset of this warpgroup's first d column block in a Q / dO tile
-  // (column blocks of kBM rows; 0 unless split over d).
-  const uint32_t wg_cols = kSplit ? uint32_t(wg) * (kDW / kColBlock) * (kBM * kSwizzleBytes) : 0u;
+  const uint32_t wg_rows = uint32_t(wg) * kWarpgroupRowBytes;
   const uint32_t k_wg = smem + L::kK + wg_rows;
   const uint32_t v_wg = smem + L::kV + wg_rows;
   // Fused dQ: this warpgroup's dQ columns [wg kDqCols, (wg + 1) kDqCols) of
@@ -258,9 +241,9 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       smem + L::kK + uint32_t(wg * kDqCols / kColBlock) * (kBN * kSwizzleBytes) +
       uint32_t(wg * kDqCols % kColBlock) * kElemBytes;
 
-  float dk[kDW / 8][4], dv[kDW / 8][4];
+  float dk[kD / 8][4], dv[kD / 8][4];
 #pragma unroll
-  for (int i = 0; i < kDW / 8; ++i)
+  for (int i = 0; i < kD / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
 
@@ -283,96 +266,40 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     // P^T and dS^T as register A operands: k-step kk = n8 blocks 2kk, 2kk+1.
     uint32_t pa[kStepsM][4], dsa[kStepsM][4];
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
-    if constexpr (kExchange || kHandover) {
-      // Split over d: warpgroup 0 computes S^T, warpgroup 1 dP^T and dP^T -
-      // D, and they trade them (backward_split_exchange.cuh): exchange, the
-      // f32 P^T one way and dP^T - D the other; handover (softcap), dP^T - D
-      // one way and the A fragments of P^T and dS^T the other.
-      [[maybe_unused]] uint32_t dp_words[kNT][4];  // handover: dP - D as words
-      if (wg == 0) {
-        ptx::wgmma_fence();
+    ptx::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::pin(s[0]);
-        if constexpr (kHandover) {
-          receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
-          words_to_floats(dp_words, dp);
-          p_and_ds_factor</*kRowsAreKeys=*/true, kSoftcap, bwd_softcap_poly(kD)>(
-              s, dp, lse2, p.c.score, mask, wg_key0, warp_key0, m0, lane);
+    for (int kk = 0; kk < kStepsD; ++kk)
+      ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
+    if constexpr (kOverlapSdP) ptx::wgmma_commit();
 #pragma unroll
-          for (int kk = 0; kk < kStepsM; ++kk) {
-            fused::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-            ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
-          }
-          send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, pa, dsa);
-        } else {
-          p_from_scores</*kRowsAreKeys=*/true>(s, lse2, p.c.score.mult, mask, wg_key0, warp_key0,
-                                               m0, lane);
-          exchange_with_other_warpgroup(smem + L::kXchg, wg, t, w.steps, s, dp);
-        }
-      } else {
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk),
-                                    kk > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::pin(dp[0]);
-        dp_minus_d</*kRowsAreKeys=*/true>(dp, dsum, lane);
-        if constexpr (kHandover) {
-          floats_to_words(dp, dp_words);
-          send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
-          receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, pa, dsa);
-        } else {
-          exchange_with_other_warpgroup(smem + L::kXchg, wg, t, w.steps, dp, s);
-        }
-      }
-    } else {
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kStepsD; ++kk)
-        ptx::Wgmma<kBM, Elem>::ss(s[0], k_major<kBN>(k_wg, kk), k_major<kBM>(q_tile, kk), kk > 0);
-      if constexpr (kOverlapSdP) ptx::wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < kStepsD; ++kk)
-        ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
-      ptx::wgmma_commit();
-      p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
-          s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
-    }
+    for (int kk = 0; kk < kStepsD; ++kk)
+      ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
+    ptx::wgmma_commit();
+    p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
+        s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
 
-    // dV += P^T dO, dK += dS^T Q (B operands MN-major: N runs along d, from
-    // this warpgroup's first column block). When kBwdOverlapDv, the dV group
-    // is issued before dS^T is formed and runs while it is; pa and dv are
-    // not touched until wait_group 0.
-    if constexpr (!kHandover) {
+    // dV += P^T dO, then dK += dS^T Q (B operands MN-major: N runs along
+    // d). The dV group is issued before dS^T is formed and runs while it
+    // is (docs/decisions/hopper-backward-overlap-dv.md); pa and dv are not
+    // touched until wait_group 0.
 #pragma unroll
-      for (int kk = 0; kk < kStepsM; ++kk)
-        fused::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-    }
+    for (int kk = 0; kk < kStepsM; ++kk)
+      fused::acc_to_a<Elem>(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
     ptx::pin(dv);
     ptx::pin(dk);
     ptx::pin(pa);
-    if constexpr (kBwdOverlapDv) {
-      ptx::wgmma_fence();
+    ptx::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kStepsM; ++kk)
-        ptx::Wgmma<kDW, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile + wg_cols, kk), 1);
-      ptx::wgmma_commit();
-    }
-    if constexpr (!kHandover) {
+    for (int kk = 0; kk < kStepsM; ++kk)
+      ptx::Wgmma<kD, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile, kk), 1);
+    ptx::wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < kStepsM; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
-    }
+    for (int kk = 0; kk < kStepsM; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
     ptx::pin(dsa);
     [[maybe_unused]] const uint32_t ds_buf = smem + L::kDs + uint32_t(t & 1) * L::kDsBytes;
     if constexpr (kFusedDq && Tile::kDqByTurns) {
-      dkdv_finish_step_dq_by_turns<kD, Elem>(w, smem, q_tile, do_tile, ds_buf, stage, t, wg, warp,
-                                             lane, pa, dsa, dv, dk);
+      dkdv_finish_step_dq_by_turns<kD, Elem>(w, smem, q_tile, ds_buf, stage, t, wg, warp, lane, dsa,
+                                             dv, dk);
       continue;
     }
     [[maybe_unused]] float dq[kDqCols / 8][4];
@@ -385,17 +312,12 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
       ptx::named_barrier_sync(kDsReadyBarrier, kBwdConsumerWarpgroups * kWarpgroupThreads);
     }
     ptx::wgmma_fence();
-    if constexpr (!kBwdOverlapDv) {
-#pragma unroll
-      for (int kk = 0; kk < kStepsM; ++kk)
-        ptx::Wgmma<kDW, Elem>::rs(dv, pa[kk], mn_major<kBM>(do_tile + wg_cols, kk), 1);
-    }
     // The dQ partial of the step's queries before dK, so that it is staged
     // while dK's wgmma runs.
     if constexpr (kFusedDq) issue_dq_partial<kD, Elem>(dq, ds_buf, k_dq_cols);
 #pragma unroll
     for (int kk = 0; kk < kStepsM; ++kk)
-      ptx::Wgmma<kDW, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile + wg_cols, kk), 1);
+      ptx::Wgmma<kD, Elem>::rs(dk, dsa[kk], mn_major<kBM>(q_tile, kk), 1);
     ptx::wgmma_commit();
     if constexpr (kFusedDq) {
       // The dV and dQ groups have completed; dK's may still run.
@@ -411,28 +333,27 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
 
-  const int col0 = kSplit ? wg * kDW : 0;
-  if (kBwdTmaStoreGradients && p.grads_by_tma) {
+  // Staged and stored by TMA where the gradients allow it:
+  // docs/decisions/hopper-backward-gradients-by-tma.md.
+  if (p.grads_by_tma) {
     const uint32_t dk_staging = smem + L::kGradStaging + uint32_t(2 * wg) * L::kGradTileBytes;
     const uint32_t dv_staging = dk_staging + L::kGradTileBytes;
     staging_acquire();
-    stage_rows<kDW, Elem, kBwdStmatrixStaging>(dk_staging, dk, p.dkdq_scale);
-    stage_rows<kDW, Elem, kBwdStmatrixStaging>(dv_staging, dv, 1.0f);
+    stage_rows<kD, Elem, /*kByStmatrix=*/true>(dk_staging, dk, p.dkdq_scale);
+    stage_rows<kD, Elem, /*kByStmatrix=*/true>(dv_staging, dv, 1.0f);
     staging_publish();
     if (staged_store_issuer()) {
-      store_staged_tile<kDW>(&p.dk_map, dk_staging, wg_key0, col0, w.hk, w.b);
-      store_staged_tile<kDW>(&p.dv_map, dv_staging, wg_key0, col0, w.hk, w.b);
+      store_staged_tile<kD>(&p.dk_map, dk_staging, wg_key0, 0, w.hk, w.b);
+      store_staged_tile<kD>(&p.dv_map, dv_staging, wg_key0, 0, w.hk, w.b);
       finish_gradient_stores();
     }
     return;
   }
   const fused::BackwardParams& c = p.c;
-  Elem* dk_out =
-      static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head + col0;
-  Elem* dv_out =
-      static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head + col0;
-  store_rows<kDW, Elem>(dk_out, c.dk_stride.row, warp_key0, mask.tk, dk, p.dkdq_scale);
-  store_rows<kDW, Elem>(dv_out, c.dv_stride.row, warp_key0, mask.tk, dv, 1.0f);
+  Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head;
+  Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head;
+  store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, mask.tk, dk, p.dkdq_scale);
+  store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, mask.tk, dv, 1.0f);
 }
 
 template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
@@ -467,9 +388,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   __syncthreads();
 
   // The fused dQ's conversion kernel may be scheduled once every dK/dV CTA
-  // has got here (kBwdDqConvertOverlap): it checks per block that the adds
-  // it reads have completed.
-  if constexpr (kFusedDq && kBwdDqConvertOverlap) ptx::launch_dependents();
+  // has got here: it checks per block that the adds it reads have completed
+  // (docs/decisions/hopper-backward-dq-convert-overlap.md).
+  if constexpr (kFusedDq) ptx::launch_dependents();
 
   const fused::MaskPolicy mask(p.c.mask);
   const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM>(p.c, mask, p.dkdv_group_pairs);

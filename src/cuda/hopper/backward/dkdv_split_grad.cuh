@@ -2,7 +2,7 @@
 // by gradient (DkdvTile::kSplitGradients): warpgroup 0 owns dV, warpgroup 1
 // dK, each for all 64 keys of the CTA and all 256 columns (128 f32
 // registers per thread). The producer, the barriers of the ring and the
-// work split are backward_dkdv_kernel.cuh's. Checked against the f64 oracle
+// work split are dkdv_kernel.cuh's. Checked against the f64 oracle
 // by tests/gpu/test_hopper_backward.cpp (the d = 256 cases).
 //
 // Per step (rows are keys, columns the step's 64 queries):
@@ -17,9 +17,12 @@
 // step and its wgmmas fill the tensor pipe while warpgroup 1 forms dS, and
 // the other way round.
 //
-// The hand-over alternates between two buffers by step (16 KB each:
-// backward_split_exchange.cuh's layout, thread i of warpgroup 1 reads what
-// thread i of warpgroup 0 wrote). Named barriers, 256 threads:
+// The hand-over alternates between two buffers by step (16 KB each). Both
+// warpgroups hold the same (row, column) elements in the same fragment
+// layout, so thread i of warpgroup 1 reads exactly what thread i of
+// warpgroup 0 wrote: 16-byte group j of thread i at (j * 128 + i) * 16
+// bytes (a warp's 32 groups are 512 contiguous bytes: no bank conflicts).
+// Named barriers, 256 threads:
 //   sent[b]  warpgroup 0 has written buffer b: it arrives (bar.arrive, no
 //            wait), warpgroup 1 syncs before reading;
 //   free[b]  warpgroup 1 has read buffer b: it arrives after its read of
@@ -31,8 +34,10 @@
 // the same for .arrive as for .sync, with a producer / consumer example of
 // exactly this shape); the writer must not wait, or warpgroup 0 could not
 // run ahead. compute-sanitizer racecheck (two d256 cases, one under
-// softcap, 2026-12-01) reports no hazard on the hand-over, only its known
-// artefact on the lse2 / D bulk copies (docs/hopper.md Backward TODO 7).
+// softcap) reports no hazard on the hand-over, only its known artefact on
+// the lse2 / D bulk copies (ordered by the ring's mbarriers, which it does
+// not model for bulk copies; tests/probes/bulk_copy_ring.cu shows the same
+// on the bare pattern).
 #pragma once
 
 #include <cstdint>
@@ -43,7 +48,6 @@
 #include "cuda/hopper/backward/dkdv_work.cuh"
 #include "cuda/hopper/backward/epilogue.cuh"
 #include "cuda/hopper/backward/params.hpp"
-#include "cuda/hopper/backward/split_exchange.cuh"
 #include "cuda/hopper/ptx/barrier.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/wgmma.cuh"
@@ -51,11 +55,30 @@
 
 namespace gqattn::hopper::bwd {
 
-// This path has neither the fused dQ nor the exchange, whose barriers use
-// the same IDs.
+// This path has no fused dQ, whose barriers use the same IDs.
 constexpr uint32_t kGradSentBarrier = ptx::kFirstNamedBarrier;  // buffer b: + b
 constexpr uint32_t kGradFreeBarrier = kGradSentBarrier + 2;     // buffer b: + b
-static_assert(kGradFreeBarrier + 1 < ptx::kNamedBarrierCount, "named barrier IDs run out");
+static_assert(kGradFreeBarrier + 1 < kGradientStoreBarrier, "named barrier IDs overlap");
+
+constexpr uint32_t kXchgGroupBytes = 16;  // one st/ld.shared.v4 per thread
+
+__device__ __forceinline__ uint32_t xchg_group_addr(uint32_t buffer, int j) {
+  return buffer + (uint32_t(j) * kWarpgroupThreads + uint32_t(threadIdx.x) % kWarpgroupThreads) *
+                      kXchgGroupBytes;
+}
+
+// One 16-byte group of four floats to / from shared address `addr`.
+__device__ __forceinline__ void store_group_f32(uint32_t addr, const float (&v)[4]) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]),
+               "f"(v[2]), "f"(v[3])
+               : "memory");
+}
+__device__ __forceinline__ void load_group_f32(uint32_t addr, float (&v)[4]) {
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "r"(addr)
+               : "memory");
+}
 
 // Run by all 128 threads of consumer warpgroup `wg` (0: dV, 1: dK).
 template <int kD, typename Elem, bool kSoftcap>
@@ -173,11 +196,13 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
 
-  if (kBwdTmaStoreGradients && p.grads_by_tma) {
+  // Staged and stored by TMA where the gradients allow it:
+  // docs/decisions/hopper-backward-gradients-by-tma.md.
+  if (p.grads_by_tma) {
     // Warpgroup 0 holds dV, warpgroup 1 dK, of the same 64 keys.
     const uint32_t staging = smem + L::kGradStaging + uint32_t(wg) * L::kGradTileBytes;
     staging_acquire();
-    stage_rows<kD, Elem, kBwdStmatrixStaging>(staging, acc, wg == 0 ? 1.0f : p.dkdq_scale);
+    stage_rows<kD, Elem, /*kByStmatrix=*/true>(staging, acc, wg == 0 ? 1.0f : p.dkdq_scale);
     staging_publish();
     if (staged_store_issuer()) {
       store_staged_tile<kD>(wg == 0 ? &p.dv_map : &p.dk_map, staging, w.n0, 0, w.hk, w.b);

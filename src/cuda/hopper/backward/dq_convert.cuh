@@ -2,8 +2,9 @@
 // the dK/dV kernel reduce-added into (backward_params.hpp dq_accum_block and
 // the staging order of backward_dq_fused.cuh), in the 16-bit output type,
 // rows < Tq only. Query tiles no key tile visits give 0 without reading the
-// accumulator (it is not zeroed). With kBwdDqConvertOverlap it starts while
-// the dK/dV kernel still runs (programmatic dependent launch, launch_backward.cuh):
+// accumulator (it is not zeroed). It starts while the dK/dV kernel still
+// runs (programmatic dependent launch, launch.cuh;
+// docs/decisions/hopper-backward-dq-convert-overlap.md):
 // a block is converted only once its semaphore counts every key tile that
 // visits its query tile, which makes the dK/dV kernel's adds to it visible
 // (their writer releases the semaphore after its write has completed).

@@ -1,6 +1,6 @@
 // cuda-hopper: which accumulator blocks each CTA of the fused dQ's
-// conversion kernel (backward_dq_convert.cuh) converts, with
-// kBwdDqConvertOverlap's persistent grid: CTA i takes the tasks i + k ctas,
+// conversion kernel (dq_convert.cuh) converts, in its persistent grid
+// (docs/decisions/hopper-backward-dq-convert-overlap.md): CTA i takes the tasks i + k ctas,
 // k < dq_convert_tasks(blocks, ctas, i); task j is the block
 // dq_convert_block(j, ...). Plain integer code for host and device, so that
 // tests/cpu/test_hopper_dq_convert_tasks.cpp checks on the CPU that the CTAs

@@ -25,7 +25,7 @@ constexpr uint32_t kDsReadyBarrier = ptx::kFirstNamedBarrier;
 // other warpgroup's half is in it (sent: it arrives, the step's dQ
 // warpgroup syncs) and the dQ wgmma that read it has completed (free: the
 // dQ warpgroup arrives, the other syncs before writing step t + 2's half).
-// The split over d's exchange (backward_split_exchange.cuh) takes the same
+// The split by gradient's hand-over (dkdv_split_grad.cuh) takes the same
 // IDs; it runs only at d = 256, which has no fused dQ.
 constexpr uint32_t kDsSentBarrier = kDsReadyBarrier + 1;  // buffer b: + b
 constexpr uint32_t kDsFreeBarrier = kDsSentBarrier + 2;   // buffer b: + b
@@ -38,8 +38,8 @@ constexpr int dq_staging_warps(int d) {
 }
 
 // Back-off of the dQ writer while it waits for its turn to add (and of the
-// conversion tail between rounds without progress). 16 and 256 ns measured
-// the same as 64 within 0.8% (docs/hopper.md Backward TODO 4).
+// conversion tail between rounds without progress); 16 and 256 ns measure
+// the same: docs/decisions/hopper-backward-fused-dq.md.
 constexpr unsigned kDqSpinNs = 64;
 
 // Stores dS^T of one warpgroup (its 64 keys = rows of `rows`, 64 queries =
@@ -49,32 +49,19 @@ constexpr unsigned kDqSpinNs = 64;
 // chunk c of row r at chunk c ^ (r % 8)): the MN-major layout of dS as the
 // A operand of dQ = dS K (M = queries contiguous, K = keys along rows),
 // i.e. a K-major [64][64] tile (operand_layout.hpp k_major_offset).
-// kBwdStmatrixDs: one stmatrix.x4 per k-step, a[kk][j] being exactly the
+// One stmatrix.x4 per k-step, a[kk][j] being exactly the
 // register j of accumulator_stmatrix_offset(2 kk, ...) (both are the m16n8
 // C / A fragment's pairs; tests/cpu/test_hopper_operand_layout.cpp checks
-// that offset). Otherwise 32-bit stores: a warp's 32 stores of one (kk, j)
-// hit 8 rows x 4 words in 8 different chunks. No bank conflicts either way.
+// that offset); a quarter of the 32-bit stores' instructions, no bank
+// conflicts: docs/decisions/hopper-backward-stmatrix-ds.md.
 template <int kSteps>
 __device__ __forceinline__ void store_ds_rows(uint32_t rows, const uint32_t (&a)[kSteps][4],
                                               int warp, int lane) {
   static_assert(kSteps * kWgmmaK * kElemBytes == kSwizzleBytes, "one 128-byte row of queries");
-  if constexpr (kBwdStmatrixDs) {
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk)
-      ptx::stmatrix_x4(rows + accumulator_stmatrix_offset(2 * kk, warp, lane, kWgmmaM), a[kk][0],
-                       a[kk][1], a[kk][2], a[kk][3]);
-    return;
-  }
-  const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t r = uint32_t(warp * 16 + g + 8 * (j & 1));
-      const uint32_t chunk = uint32_t(2 * kk + (j >> 1));
-      const uint32_t addr = rows + r * kSwizzleBytes + ((chunk ^ (r % 8)) << 4) + uint32_t(4 * t);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a[kk][j]) : "memory");
-    }
+    ptx::stmatrix_x4(rows + accumulator_stmatrix_offset(2 * kk, warp, lane, kWgmmaM), a[kk][0],
+                     a[kk][1], a[kk][2], a[kk][3]);
 }
 
 // Stores a warpgroup's dQ partial (wgmma accumulator, kCols columns) to

@@ -9,22 +9,19 @@
 //   dQ += dS K                           (wgmma RS: dS from the
 //                                         accumulators; K MN-major)
 // then dQ *= scale and the stores of the rows < Tq (by TMA from a staging
-// area over the ring, backward_epilogue.cuh, or plain). Each dQ element is
+// area over the ring, epilogue.cuh, or plain). Each dQ element is
 // one thread's fixed-order sum: deterministic without atomics. Checked
 // against the f64 oracle by tests/gpu/test_hopper_backward.cpp.
 //
 //   warpgroup 0 (producer, setmaxnreg 24): thread 0 loads Q and dO once,
 //     then K and V of each visited key tile into a kStages-slot ring;
 //   warpgroups 1, 2 (consumers, setmaxnreg 240): 64 query rows each, all
-//     d columns (at d 256 128 f32 registers of dQ per thread; DqTile). With
-//     kBwdDqWholeRowsD256 off, d 256 is split as the dK/dV kernel's: the
-//     same 64 rows, half of d each; one computes S, the other dP, and they
-//     trade them, under softcap as dP - D one way and the A fragments of dS
-//     the other (backward_split_exchange.cuh).
+//     d columns (at d 256 128 f32 registers of dQ per thread; DqTile).
 //
-// Why a separate kernel (docs/hopper.md): the dK/dV kernel would otherwise
-// have to reduce dQ across key tiles, through global atomics (not
-// deterministic) or FlashAttention-3's semaphore-ordered reduce-adds.
+// Why a separate kernel: the dK/dV kernel would otherwise have to reduce dQ
+// across key tiles, through global atomics (not deterministic) or
+// FlashAttention-3's semaphore-ordered reduce-adds (the fused dQ, d <= 128,
+// which plan.cpp picks per call: docs/decisions/hopper-backward-dq-path.md).
 // Recomputing S and dP costs 2 of the backward's 7 GEMMs (vs 5).
 //
 // Barriers (DqSmem): q_full (count 1, phase 0 only); per slot s full[s]
@@ -44,7 +41,6 @@
 #include "cuda/hopper/backward/common.cuh"
 #include "cuda/hopper/backward/epilogue.cuh"
 #include "cuda/hopper/backward/params.hpp"
-#include "cuda/hopper/backward/split_exchange.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
@@ -66,7 +62,7 @@ __device__ __forceinline__ DqWork dq_work(const fused::BackwardParams& p,
   DqWork w;
   const int num_m = int(gridDim.x) / (p.B * p.H);
   // Longest (last) query tiles first; grouped by pairs measured no faster
-  // (kBwdDkdvGroupMaxPairs).
+  // (docs/decisions/hopper-backward-dkdv-grid-groups.md).
   const TileId id = tile_id(TileOrderArgs{p.B, p.H, p.Hkv, num_m, 0}, int(blockIdx.x));
   w.b = id.b;
   w.h = id.h;
@@ -110,38 +106,28 @@ __device__ __forceinline__ void dq_produce(const BackwardParams& p, const DqWork
 }
 
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): query rows
-// [m0 + 64 wg, m0 + 64 wg + 64), all d columns; or, split over d
-// (DqTile::kSplitD), rows [m0, m0 + 64) and dQ columns
-// [kColsPerWg wg, kColsPerWg (wg + 1)).
+// [m0 + 64 wg, m0 + 64 wg + 64), all d columns.
 template <int kD, typename Elem, bool kSoftcap>
 __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork& w,
                                            const fused::MaskPolicy& mask, uint32_t smem, int wg) {
   using Tile = DqTile<kD>;
   using L = DqSmem<kD>;
-  constexpr bool kSplit = Tile::kSplitD;
   constexpr int kBM = Tile::kBlockM;
   constexpr int kBN = Tile::kBlockN;
-  constexpr int kDW = Tile::kColsPerWg;   // dQ columns of this warpgroup
   constexpr int kNT = kBN / 8;            // n8 blocks of S, dP (keys)
   constexpr int kStepsD = kD / kWgmmaK;   // k-steps of S, dP
   constexpr int kStepsN = kBN / kWgmmaK;  // k-steps of dQ
   // S and dP as two wgmma groups (P, under softcap also the factor of 1 -
   // tanh^2, computed while dP runs; overlap_s_dp says where).
   constexpr bool kOverlapSdP = overlap_s_dp(kSoftcap, kD);
-  constexpr bool kExchange = kSplit && split_exchange(kD, kSoftcap);
-  constexpr bool kHandover = kSplit && split_handover(kD, kSoftcap);
-  static_assert(kBM == (kSplit ? 1 : kBwdConsumerWarpgroups) * kWgmmaM,
-                "one wgmma M of queries per warpgroup (or shared by both when split over d)");
-  static_assert(kDW * (kSplit ? kBwdConsumerWarpgroups : 1) == kD, "warpgroups cover d");
+  static_assert(kBM == kBwdConsumerWarpgroups * kWgmmaM, "one wgmma M of queries per warpgroup");
+  static_assert(Tile::kColsPerWg == kD, "each warpgroup owns all d columns of its rows");
 
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
-  const int wg_row0 = w.m0 + (kSplit ? 0 : wg * kWgmmaM);
+  const int wg_row0 = w.m0 + wg * kWgmmaM;
   const int warp_row0 = wg_row0 + warp * fused::kMmaM;
-  const uint32_t wg_rows = kSplit ? 0u : uint32_t(wg) * kWarpgroupRowBytes;
-  // Byte offset of this warpgroup's first d column block in a K tile
-  // (column blocks of kBN rows; 0 unless split over d).
-  const uint32_t wg_cols = kSplit ? uint32_t(wg) * (kDW / kColBlock) * (kBN * kSwizzleBytes) : 0u;
+  const uint32_t wg_rows = uint32_t(wg) * kWarpgroupRowBytes;
   const uint32_t q_wg = smem + L::kQ + wg_rows;
   const uint32_t do_wg = smem + L::kDo + wg_rows;
   const fused::BackwardParams& c = p.c;
@@ -152,15 +138,14 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   const float lse2[2] = {c.lse2[ws], c.lse2[ws + fused::kFragRowHalf]};
   const float dsum[2] = {c.dsum[ws], c.dsum[ws + fused::kFragRowHalf]};
 
-  float dq[kDW / 8][4];
+  float dq[kD / 8][4];
 #pragma unroll
-  for (int i = 0; i < kDW / 8; ++i)
+  for (int i = 0; i < kD / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[i][e] = 0.0f;
 
   if (w.keys.last >= w.keys.first) ptx::mbar_wait(smem + L::kQFull, 0);
 
-  [[maybe_unused]] const int steps = w.keys.last - w.keys.first + 1;  // <= 0: no key tile
   int it = 0;
   for (int n_block = w.keys.last; n_block >= w.keys.first; --n_block, ++it) {
     const int stage = it % Tile::kStages;
@@ -176,78 +161,28 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     float s[1][kNT][4], dp[1][kNT][4];
     uint32_t dsa[kStepsN][4];  // dS as register A operand: k-step kk = n8 blocks 2kk, 2kk+1
     ptx::mbar_wait(smem + L::kFull + uint32_t(stage) * L::kBarrierBytes, parity);
-    if constexpr (kExchange || kHandover) {
-      // Split over d: warpgroup 0 computes S, warpgroup 1 dP and dP - D, and
-      // they trade them (backward_split_exchange.cuh): exchange, the f32 P
-      // one way and dP - D the other; handover (softcap), dP - D one way and
-      // dS's A fragments the other.
-      [[maybe_unused]] uint32_t dp_words[kNT][4];  // handover: dP - D as words
-      if (wg == 0) {
-        ptx::wgmma_fence();
+    ptx::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::pin(s[0]);
-        if constexpr (kHandover) {
-          receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
-          words_to_floats(dp_words, dp);
-          p_and_ds_factor</*kRowsAreKeys=*/false, kSoftcap, bwd_softcap_poly(kD)>(
-              s, dp, lse2, c.score, mask, wg_row0, warp_row0, n0, lane);
+    for (int kk = 0; kk < kStepsD; ++kk)
+      ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
+    if constexpr (kOverlapSdP) ptx::wgmma_commit();
 #pragma unroll
-          for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
-          send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
-        } else {
-          p_from_scores</*kRowsAreKeys=*/false>(s, lse2, c.score.mult, mask, wg_row0, warp_row0, n0,
-                                                lane);
-          exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, s, dp);
-        }
-      } else {
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kStepsD; ++kk)
-          ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk),
-                                    kk > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::pin(dp[0]);
-        dp_minus_d</*kRowsAreKeys=*/false>(dp, dsum, lane);
-        if constexpr (kHandover) {
-          floats_to_words(dp, dp_words);
-          send_to_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dp_words);
-          receive_from_other_warpgroup<L::kXchgBytes>(smem + L::kXchg, wg, dsa);
-        } else {
-          exchange_with_other_warpgroup(smem + L::kXchg, wg, it, steps, dp, s);
-        }
-      }
-    } else {
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kStepsD; ++kk)
-        ptx::Wgmma<kBN, Elem>::ss(s[0], k_major<kBM>(q_wg, kk), k_major<kBN>(k_tile, kk), kk > 0);
-      if constexpr (kOverlapSdP) ptx::wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < kStepsD; ++kk)
-        ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
-      ptx::wgmma_commit();
-      p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
-          s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
-    }
+    for (int kk = 0; kk < kStepsD; ++kk)
+      ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
+    ptx::wgmma_commit();
+    p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
+        s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
 
-    if constexpr (!kHandover) {
 #pragma unroll
-      for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
-    }
+    for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);
 
-    // dQ += dS K (K MN-major: N runs along d, from this warpgroup's first
-    // column block).
+    // dQ += dS K (K MN-major: N runs along d).
     ptx::pin(dq);
     ptx::pin(dsa);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kStepsN; ++kk)
-      ptx::Wgmma<kDW, Elem>::rs(dq, dsa[kk], mn_major<kBN>(k_tile + wg_cols, kk), 1);
+      ptx::Wgmma<kD, Elem>::rs(dq, dsa[kk], mn_major<kBN>(k_tile, kk), 1);
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     ptx::pin(dq);
@@ -256,20 +191,21 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     if (lane == 0) ptx::mbar_arrive(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes);
   }
 
-  const int col0 = kSplit ? wg * kDW : 0;
-  if (kBwdTmaStoreGradients && p.grads_by_tma) {
+  // Staged and stored by TMA where the gradients allow it:
+  // docs/decisions/hopper-backward-gradients-by-tma.md.
+  if (p.grads_by_tma) {
     const uint32_t staging = smem + L::kGradStaging + uint32_t(wg) * L::kGradTileBytes;
     staging_acquire();
-    stage_rows<kDW, Elem, kBwdStmatrixStaging>(staging, dq, p.dkdq_scale);
+    stage_rows<kD, Elem, /*kByStmatrix=*/true>(staging, dq, p.dkdq_scale);
     staging_publish();
     if (staged_store_issuer()) {
-      store_staged_tile<kDW>(&p.dq_map, staging, wg_row0, col0, w.h, w.b);
+      store_staged_tile<kD>(&p.dq_map, staging, wg_row0, 0, w.h, w.b);
       finish_gradient_stores();
     }
     return;
   }
-  Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head + col0;
-  store_rows<kDW, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, p.dkdq_scale);
+  Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head;
+  store_rows<kD, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, p.dkdq_scale);
 }
 
 template <int kD, typename Elem, bool kSoftcap>

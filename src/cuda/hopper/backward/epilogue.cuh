@@ -1,5 +1,6 @@
 // cuda-hopper backward: the gradients' staged epilogue (where
-// kBwdTmaStoreGradients and BackwardParams::grads_by_tma). At the end of a
+// BackwardParams::grads_by_tma: docs/decisions/hopper-backward-gradients-by-tma.md,
+// staged by stmatrix: docs/decisions/hopper-backward-stmatrix-staging.md). At the end of a
 // CTA the consumer warpgroups hold dK and dV (dK/dV kernel) or dQ (dQ
 // kernel) as f32 wgmma accumulators, 64 rows x kDW columns per warpgroup.
 // Instead of 32-bit stores from registers (store_rows), which a warp issues
@@ -24,7 +25,7 @@
 
 #include <cstdint>
 
-#include "cuda/hopper/backward/split_exchange.cuh"
+#include "cuda/hopper/backward/dq_fused.cuh"
 #include "cuda/hopper/backward/tile_sizes.hpp"
 #include "cuda/hopper/forward/tile_sizes.hpp"
 #include "cuda/hopper/ptx/barrier.cuh"
@@ -33,9 +34,11 @@
 
 namespace gqattn::hopper::bwd {
 
-// After every other barrier of the backward kernels (8 .. 13).
-constexpr uint32_t kGradientStoreBarrier = kXchgSentBarrier + 2;
-static_assert(kGradientStoreBarrier < ptx::kNamedBarrierCount,
+// Above every other barrier of the backward kernels (the fused dQ's,
+// dq_fused.cuh, and the split by gradient's hand-over, dkdv_split_grad.cuh).
+constexpr uint32_t kGradientStoreBarrier = ptx::kFirstNamedBarrier + 6;
+static_assert(kDsFreeBarrier + 1 < kGradientStoreBarrier &&
+                  kGradientStoreBarrier < ptx::kNamedBarrierCount,
               "the gradient store barrier ID is out of range");
 constexpr uint32_t kConsumerThreads = kBwdConsumerWarpgroups * kWarpgroupThreads;
 
