@@ -38,8 +38,8 @@ __device__ __forceinline__ bool staged_store_issuer() {
 // instruction the 8 rows of a warp hit 8 different 16-byte chunks (the
 // swizzle XORs the chunk with row % 8). No bank conflict either way.
 // kByStmatrix: the forward passes true
-// (docs/decisions/hopper-forward-stmatrix-staging.md), the backward
-// kBwdStmatrixStaging.
+// (docs/decisions/hopper-forward-stmatrix-staging.md), the backward too
+// (docs/decisions/hopper-backward-stmatrix-staging.md).
 template <int kCols, typename Elem, bool kByStmatrix>
 __device__ __forceinline__ void stage_rows(uint32_t staging, const float (&acc)[kCols / 8][4],
                                            float mult) {
