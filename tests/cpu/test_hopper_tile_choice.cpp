@@ -1,12 +1,11 @@
-// cuda-hopper's forward tile choice (src/cuda/hopper/tile_sizes.hpp
+// cuda-hopper's forward tile choice (src/cuda/hopper/forward/tile_sizes.hpp
 // forward_shape), without a GPU: which problems run on the wide d128 key
-// tile or on the tall d64 tile, as docs/hopper.md describes it (d128 wide:
-// neither causal nor window, no softcap; d64 tall: no softcap, no window,
-// Tk >= kTallD64MinKeys, Tq >= kTallD64MinQueries; d256 always the
-// default), and that every tile fits sm_90's shared memory and a TMA box,
-// and has the thread layout its rows need. The host (TMA box rows, the
-// shared-memory check, the grid) and the launcher (kernel instance) both
-// call forward_shape, so pinning it pins both.
+// tile or on the tall d64 tile, as docs/backends/cuda-hopper.md describes it
+// (d128 wide: neither causal nor window, no softcap; d64 tall: no softcap,
+// no window, Tk >= kTallD64MinKeys, whatever Tq; d256 always the default),
+// and that every tile fits sm_90's shared memory and a TMA box, and has the
+// thread layout its rows need. The plan (plan.cpp) calls forward_shape once
+// and the host and the launcher both read the plan, so pinning it pins both.
 #include <gtest/gtest.h>
 
 #include "cuda/hopper/forward/tile_sizes.hpp"
@@ -19,11 +18,7 @@ using gqattn::hopper::forward_smem_bytes;
 using gqattn::hopper::forward_threads;
 using gqattn::hopper::forward_tile_dims;
 using gqattn::hopper::ForwardTile;
-using gqattn::hopper::kTallD64;
 using gqattn::hopper::kTallD64MinKeys;
-using gqattn::hopper::kTallD64MinQueries;
-using gqattn::hopper::kWideNonCausalD128;
-using gqattn::hopper::kWideSoftcapD128;
 using gqattn::hopper::TileShape;
 
 constexpr std::size_t kSm90SmemOptIn = 227 * 1024;
@@ -36,18 +31,17 @@ using D128Wide = ForwardTile<128, TileShape::kWide>;
 using D256 = ForwardTile<256>;
 
 TEST(HopperTileChoice, D128WideOnlyWithoutCausalMaskOrWindow) {
-  const TileShape plain = kWideNonCausalD128 ? TileShape::kWide : TileShape::kDefault;
+  const TileShape plain = TileShape::kWide;
   EXPECT_EQ(forward_shape(128, /*causal=*/false, /*window=*/0, /*tq=*/4096, /*tk=*/4096, false),
             plain);
   EXPECT_EQ(forward_shape(128, false, 0, 37, 37, false), plain);
   EXPECT_EQ(forward_shape(128, /*causal=*/true, 0, 4096, 4096, false), TileShape::kDefault);
   EXPECT_EQ(forward_shape(128, false, /*window=*/64, 4096, 4096, false), TileShape::kDefault);
-  EXPECT_EQ(forward_shape(128, false, 0, 4096, 4096, /*softcap=*/true),
-            kWideNonCausalD128 && kWideSoftcapD128 ? TileShape::kWide : TileShape::kDefault);
+  EXPECT_EQ(forward_shape(128, false, 0, 4096, 4096, /*softcap=*/true), TileShape::kDefault);
 }
 
 TEST(HopperTileChoice, D64TallOnlyForLongProblemsWithoutSoftcapOrWindow) {
-  const TileShape tall = kTallD64 ? TileShape::kTall : TileShape::kDefault;
+  const TileShape tall = TileShape::kTall;
   for (const bool causal : {false, true})
     for (const int tk : {kTallD64MinKeys, 16384})
       EXPECT_EQ(forward_shape(64, causal, /*window=*/0, tk, tk, false), tall)
@@ -60,13 +54,10 @@ TEST(HopperTileChoice, D64TallOnlyForLongProblemsWithoutSoftcapOrWindow) {
   EXPECT_EQ(forward_shape(64, true, 0, 16384, 16384, /*softcap=*/true), TileShape::kDefault);
 }
 
-TEST(HopperTileChoice, D64TallOnlyWhereTheQueriesReachItsThreshold) {
-  // Short query ranges (decoding) below kTallD64MinQueries keep the 128-row
-  // tile whatever Tk; at and above it Tk alone decides, as before.
-  const TileShape tall = kTallD64 ? TileShape::kTall : TileShape::kDefault;
-  for (const int tq : {1, 16, 64, 191, 192, kTallD64MinQueries, 16384})
-    EXPECT_EQ(forward_shape(64, /*causal=*/false, 0, tq, /*tk=*/8192, false),
-              tq >= kTallD64MinQueries ? tall : TileShape::kDefault)
+TEST(HopperTileChoice, D64TallWhateverTheQueries) {
+  // Decoding (Tq 1) with enough keys takes the tall tile too: Tk decides.
+  for (const int tq : {1, 16, 64, 191, 192, 16384})
+    EXPECT_EQ(forward_shape(64, /*causal=*/false, 0, tq, /*tk=*/8192, false), TileShape::kTall)
         << "tq " << tq;
 }
 
