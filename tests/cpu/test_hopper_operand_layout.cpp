@@ -114,7 +114,7 @@ TEST(HopperOperandLayout, AccumulatorStmatrixPutsEachPairAtItsKMajorPlace) {
 }
 
 // The fused dQ's dS^T stores (backward_dq_fused.cuh store_ds_rows) by
-// stmatrix.x4 (kBwdStmatrixDs): register j of k-step kk's A fragment
+// stmatrix.x4 (docs/decisions/hopper-backward-stmatrix-ds.md): register j of k-step kk's A fragment
 // (row g + 8 (j & 1), columns 16 kk + 8 (j >> 1) + 2t of the warp's 16
 // rows) must land where the 32-bit form stores it: row r at r * 128 bytes,
 // its 16-byte chunk c at c ^ (r % 8), the pair at 4t within the chunk.

@@ -82,7 +82,7 @@ std::vector<BackwardCase> cases() {
       make("Tq70_Tk400_causal_window40_d128_unseen_keys", 1, 70, 400, 2, 1, 128, true, 40),
       large_logits(make("T160_causal_softcap30_d128", 1, 160, 160, 4, 2, 128, true, 0, 30.0f)),
       make("T150_softcap30_d128", 1, 150, 150, 2, 1, 128, false, 0, 30.0f),
-      // Softcap logits straddling the polynomial r's range (kBwdSoftcapPoly):
+      // Softcap logits straddling the polynomial r's range (backward softcap polynomial):
       // some warp tiles take it, others ex2 + rcp (the small-logit cases
       // take it everywhere, large_logits nowhere).
       straddling_poly_range(
@@ -331,8 +331,7 @@ TEST(HopperBackwardSupport, ImpossibleForcedDqPathIsRefused) {
 
 // A dk row stride of Hkv*d + 2 elements (4-byte pieces, not 16-byte ones):
 // TMA cannot store it, so dq, dk and dv all take the plain 32-bit stores
-// instead of the staged TMA stores (backward_tile_sizes.hpp
-// kBwdTmaStoreGradients, every d); they must give the bits of the run
+// instead of the staged TMA stores (every d); they must give the bits of the run
 // with packed gradients (staged) and leave dk's gaps between rows alone.
 // Every head dimension, each dQ path it has, causal, GQA 2, T not a
 // multiple of the 64-row stores.

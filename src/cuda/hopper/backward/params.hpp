@@ -46,7 +46,7 @@ struct BackwardParams {
   CUtensorMap do_map;
   // Maps of dq [B, Tq, H, d] and dk, dv [B, Tk, Hkv, d], boxes of 64 rows:
   // the gradients go out by TMA when grads_by_tma (all three meet TMA's
-  // alignment) and kBwdTmaStoreGradients, else by plain stores through c's
+  // alignment), else by plain stores through c's
   // pointers and strides.
   CUtensorMap dq_map;
   CUtensorMap dk_map;
@@ -129,14 +129,10 @@ struct DkdvSmem {
                 "by turns: writer b reads staging buffer b");
   static constexpr uint32_t kDs = kDo + Tile::kStages * kQBytes;  // buffer i: + i kDsBytes
   static constexpr uint32_t kDqStage = kDs + 2 * kDsBytes;        // buffer b: + b kDqStageBytes
-  // Split over d: the S^T / dP^T exchange of the two consumer warpgroups
-  // (backward_split_exchange.cuh), one buffer per warpgroup; split by
-  // gradient: warpgroup 0's hand-over of P^T to warpgroup 1, two buffers
-  // (alternate steps) of the same size.
+  // Split by gradient (d256): warpgroup 0's hand-over of P^T to warpgroup
+  // 1 (dkdv_split_grad.cuh), two buffers (alternate steps).
   static constexpr uint32_t kXchgBytes =
-      Tile::kSplitD || Tile::kSplitGradients
-          ? uint32_t(kWarpgroupThreads) * Tile::kBlockM / 2 * sizeof(float)
-          : 0u;
+      Tile::kSplitGradients ? uint32_t(kWarpgroupThreads) * Tile::kBlockM / 2 * sizeof(float) : 0u;
   static constexpr uint32_t kXchg =
       kDqStage + kDqStageBuffers * kDqStageBytes;            // warpgroup w: + w kXchgBytes
   static constexpr uint32_t kLse2 = kXchg + 2 * kXchgBytes;  // stage s: + s * kRowBytes
@@ -193,11 +189,7 @@ struct DqSmem {
   static constexpr uint32_t kDo = kQ + kQBytes;
   static constexpr uint32_t kK = kDo + kQBytes;  // slot s: kK + s * kKVBytes
   static constexpr uint32_t kV = kK + Tile::kStages * kKVBytes;
-  // Split over d: the S / dP exchange (as DkdvSmem's).
-  static constexpr uint32_t kXchgBytes =
-      Tile::kSplitD ? uint32_t(kWarpgroupThreads) * Tile::kBlockN / 2 * sizeof(float) : 0u;
-  static constexpr uint32_t kXchg = kV + Tile::kStages * kKVBytes;  // warpgroup w: + w kXchgBytes
-  static constexpr uint32_t kBarriers = kXchg + 2 * kXchgBytes;
+  static constexpr uint32_t kBarriers = kV + Tile::kStages * kKVBytes;
   static constexpr uint32_t kBarrierBytes = 8;
   // q_full (Q and dO landed), then per slot full (K and V landed) and empty.
   static constexpr uint32_t kQFull = kBarriers;

@@ -95,8 +95,6 @@ constexpr bool fused_dq_supported(int d) { return !split_d(d); }
 // of 256 columns: 32 + 128).
 template <int kD>
 struct DkdvTile {
-  // No tile splits d between the warpgroups (DkdvSmem still asks).
-  static constexpr bool kSplitD = false;
   static constexpr bool kSplitGradients = split_d(kD);
   static constexpr int kBlockN = split_d(kD) ? 64 : 128;
   static constexpr int kBlockM = 64;
@@ -117,8 +115,6 @@ struct DkdvTile {
 // three K/V slots (96 KB) fit: docs/decisions/hopper-backward-d256-dq-whole-rows.md.
 template <int kD>
 struct DqTile {
-  // No tile splits d between the warpgroups (DqSmem still asks).
-  static constexpr bool kSplitD = false;
   static constexpr bool kShortKeys = kD > 128;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kShortKeys ? 32 : 64;
