@@ -367,15 +367,21 @@ int main(int argc, char** argv) {
     // rounded to the dtype is an input of backward: compare loosely).
     const oracle::Gradients g = oracle::backward(r.p, Q, K, V, packed(r.dout.ref));
     const double gtol = r.dtype == DType::f32 ? 1e-4 : 1.0 / 16.0;
-    if (error_of(r.dq.ref, g.dq) > gtol)
-      fail(seed, round,
-           "dq disagrees with the oracle: " + std::to_string(error_of(r.dq.ref, g.dq)) + " dtype " +
-               dtype_name(r.dtype) + " Tq " + std::to_string(r.p.Tq) + " Tk " +
-               std::to_string(r.p.Tk) + " d " + std::to_string(r.p.d) + " softcap " +
-               std::to_string(r.p.softcap) + " window " + std::to_string(r.p.window) + " causal " +
-               std::to_string(r.p.causal) + " broken " + r.what);
-    if (error_of(r.dk.ref, g.dk) > gtol) fail(seed, round, "dk disagrees with the oracle");
-    if (error_of(r.dv.ref, g.dv) > gtol) fail(seed, round, "dv disagrees with the oracle");
+    const auto describe = [&](const char* name, double error) {
+      return std::string(name) + " disagrees with the oracle: " + std::to_string(error) +
+             " dtype " + dtype_name(r.dtype) + " B " + std::to_string(r.p.B) + " Tq " +
+             std::to_string(r.p.Tq) + " Tk " + std::to_string(r.p.Tk) + " H " +
+             std::to_string(r.p.H) + " Hkv " + std::to_string(r.p.Hkv) + " d " +
+             std::to_string(r.p.d) + " softcap " + std::to_string(r.p.softcap) + " window " +
+             std::to_string(r.p.window) + " causal " + std::to_string(r.p.causal) + " broken " +
+             r.what;
+    };
+    const double dq_error = error_of(r.dq.ref, g.dq);
+    if (dq_error > gtol) fail(seed, round, describe("dq", dq_error));
+    const double dk_error = error_of(r.dk.ref, g.dk);
+    if (dk_error > gtol) fail(seed, round, describe("dk", dk_error));
+    const double dv_error = error_of(r.dv.ref, g.dv);
+    if (dv_error > gtol) fail(seed, round, describe("dv", dv_error));
   }
   std::printf("gqattn_fuzz: seed %llu, %lld rounds, %lld calls rejected, %lld fully accepted\n",
               (unsigned long long)seed, (long long)round, (long long)rejected, (long long)accepted);
