@@ -182,7 +182,7 @@ constexpr int kTallD64MinKeys = 1024;
 // MaskArgs', softcap ScoreArgs', so the host (TMA box rows, shared memory,
 // query tiles) and the launcher (kernel instance) decide alike. The wide
 // d128 tile takes problems with neither mask, the tall d64 tile long ones
-// without window; tq decides nothing (yet).
+// without window; tq takes no part (no Tq threshold has been measured).
 constexpr TileShape forward_shape(int d, bool causal, int window, int /*tq*/, int tk,
                                   bool softcap) {
   if (window != 0) return TileShape::kDefault;
