@@ -87,7 +87,7 @@ TEST(HopperOperandLayout, LdmatrixRowsAreAligned16ByteChunks) {
       }
 }
 
-// stage_rows's stmatrix.x4 (kStmatrixStaging), simulated: register m of
+// stage_rows's stmatrix.x4, simulated: register m of
 // thread t goes to row t / 4 of matrix m, at the row address that lane
 // 8 m + t / 4 supplies, 4 (t % 4) bytes in. Each thread's pair of the wgmma
 // accumulator (block i, rows g and g + 8, columns 8 i + 2 (t % 4), + 1) must
@@ -135,7 +135,7 @@ TEST(HopperOperandLayout, DsStmatrixPutsEachPairWhereThe32BitStoresDo) {
         }
 }
 
-// store_output_by_warp_chunks's stmatrix.x4 (kStmatrixStaging), simulated
+// store_output_by_warp_chunks's stmatrix.x4, simulated
 // as above: each thread's pair (piece j, rows t / 4 and t / 4 + 8, columns
 // 2 (t % 4), + 1 of the piece) must land where the 32-bit stores put it,
 // out_chunk_offset(row, j) + 4 (t % 4); and each matrix's 8 row addresses

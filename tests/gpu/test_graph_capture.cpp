@@ -11,7 +11,7 @@
 // conversion kernel by programmatic dependent launch, the separate path a
 // third kernel; and cuda-hopper's split-KV decoding forward (three splits,
 // forced), whose combine kernel is a programmatic dependent launch too
-// (kCombineOverlap). Skips, saying why,
+// (a programmatic dependent launch). Skips, saying why,
 // where a backend cannot run the problem.
 #include <gtest/gtest.h>
 

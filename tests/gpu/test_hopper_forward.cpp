@@ -4,23 +4,23 @@
 // shapes that break kernels — T = 1, T not a multiple of the tiles, Tq != Tk
 // both ways, d 64/128/256, Hkv = 1, Hkv = H, windows 1, 64 and >= T,
 // softcap with large logits (each softcap score mode of score_mode.hpp),
-// softcap logits straddling the polynomial tanh's range (kSoftcapPoly),
+// softcap logits straddling the polynomial tanh's range,
 // rows with no kept key, bf16 and f16, padded
 // strides, and sequences long enough to wrap the TMA ring several times.
 // Non-causal d128 without a window runs on the wide 128 x 176 key tile
-// (tile_sizes.hpp kWideNonCausalD128): its cases have Tk not a multiple of
+// (the wide d128 tile): its cases have Tk not a multiple of
 // 176 (partially masked last key tile), Tk < 176, Tk a multiple of 176.
 // d64 without softcap or window and with Tk >= 1024 runs on the tall
-// 192 x 128 tile with three consumer warpgroups (kTallD64): cases with Tq
+// 192 x 128 tile with three consumer warpgroups: cases with Tq
 // a multiple of 192 and not, Tq < 192, Tq > Tk (rows without keys), f16,
 // padded, and more work tiles than SMs, one and several query tiles per
-// head. Causal query tiles end at Tq's last row (kEndAlignedCausalTiles):
+// head. Causal query tiles end at Tq's last row:
 // cases whose first tile starts 64 or 128 rows before row 0, with Tk
 // above and below Tq.
 // Packed GQA (pack_gqa.hpp: Tq short of a tile, the rows of a tile the
 // query heads of one kv head): cases listed at the end of cases(), and the
 // plain O stores of packed rows in UnalignedOutputStrideGivesTheSameBits.
-// With tile_sizes.hpp's kMulticastKV on (the default), d128 without
+// With K/V multicast, d128 without
 // softcap and with an even number of query heads per kv head runs in 2-CTA
 // clusters that multicast K/V: among them one-query-tile, many-tile (more work tiles than resident
 // clusters), windowed, wide and padded cases; the MHA cases (H = Hkv) and
@@ -102,7 +102,7 @@ std::vector<HopperCase> cases() {
       large_logits(
           make("T300_causal_softcap60_d128_row_max", 1, 300, 300, 4, 2, 128, true, 0, 60.0f)),
       make("T300_causal_softcap30_d128_small_logits", 1, 300, 300, 4, 1, 128, true, 0, 30.0f),
-      // The polynomial tanh (tile_sizes.hpp kSoftcapPoly), no-maximum mode:
+      // The polynomial tanh (docs/decisions/hopper-forward-softcap-poly.md), no-maximum mode:
       // the small-logit cases take it on every tile, the large_logits ones
       // never; these mix both paths among the warp tiles of one problem.
       straddling_poly_range(
@@ -162,8 +162,8 @@ std::vector<HopperCase> cases() {
       make("Tq384_Tk4224_causal_d64_tall_padded", 2, 384, 4224, 4, 2, 64, true, 0, 0.0f, bf16,
            true),
       make("Tq4200_Tk4097_causal_d64_tall_empty_rows", 1, 4200, 4097, 1, 1, 64, true),
-      // Causal query tiles end at Tq's last row (tile_sizes.hpp
-      // kEndAlignedCausalTiles): the first tile starts 64 or 128 rows before
+      // Causal query tiles end at Tq's last row (end-aligned causal
+      // tiles): the first tile starts 64 or 128 rows before
       // row 0, whose warpgroups keep no key and store nothing, also where
       // Tk > Tq would give such rows keys (i + Tk - Tq >= 0). Tq 4096 = 22 x
       // 192 - 128, 4100 = 22 x 192 - 124 (64 rows before 0); d128's tiles
@@ -371,8 +371,8 @@ TEST(HopperSupport, MisalignedStrideNamesTheTensor) {
 // An o row stride of H*d + 2 elements (4-byte pieces, not 16-byte ones):
 // neither TMA nor 16-byte stores can write it, so the epilogue takes its
 // plain 32-bit stores instead of the staged TMA store (tile_sizes.hpp
-// kTmaStoreOutput: d64, d128 causal) or the per-warp chunks
-// (kWarpChunkOutput: d256, the wide d128 tile of non-causal problems); it
+// staged: d64, d128 causal) or the per-warp chunks
+// (per-warp chunks: d256, the wide d128 tile of non-causal problems); it
 // must give the same bits as packed o and leave the gaps between rows
 // alone. Causal GQA 2 (d128: the multicast kernel), Tq not a multiple of
 // the 64-row stores; and packed GQA tiles (pack_gqa.hpp: Tq 5 and 33 with G

@@ -4,7 +4,7 @@
 // CTA of that one has executed launch_dependents or exited), and must call
 // wait_on_prerequisites before it reads what that kernel writes; without, it
 // is an ordinary stream-ordered launch. Used for the split-KV combine
-// (launch_forward.cuh, kCombineOverlap) and the fused dQ's conversion
+// (forward/launch.cuh) and the fused dQ's conversion
 // (backward/launch.cuh). Checked through
 // tests/gpu/test_hopper_forward.cpp, test_hopper_backward.cpp and
 // test_graph_capture.cpp (the graph keeps the programmatic edge).

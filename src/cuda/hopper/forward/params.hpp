@@ -28,13 +28,13 @@ struct ForwardParams {
   CUtensorMap k_map;
   CUtensorMap v_map;
   // o [B, Tq, H, d]: by TMA through the map (boxes of 64 columns x 64 rows)
-  // where o_by_tma and the tile stages O (tile_sizes.hpp kTmaStoreOutput),
+  // where o_by_tma and the tile stages O (ForwardTile::kStageOutputAllowed),
   // else by plain stores through the pointer and strides.
   CUtensorMap o_map;
   bool o_by_tma = false;
   // Every row of o starts 16-byte aligned: the epilogue may store O in
   // 16-byte pieces where the tile passes it through per-warp chunks
-  // (tile_sizes.hpp kWarpChunkOutput), else two elements per 32-bit store.
+  // (the tiles that do not stage O), else two elements per 32-bit store.
   bool o_by_16_byte_stores = false;
   void* o = nullptr;
   RowStrides o_stride;

@@ -2,7 +2,7 @@
 // forward's K/V multicast uses (PTX ISA "Cluster", "mapa", "barrier.cluster",
 // mbarrier arrive on a shared::cluster address). Addresses are 32-bit
 // shared-window addresses, as in mbarrier.cuh. Checked by compiling for
-// sm_90a and by tests/gpu/test_hopper_forward.cpp with kMulticastKV on
+// sm_90a and by tests/gpu/test_hopper_forward.cpp with K/V multicast
 // (tile_sizes.hpp, the default since 2026-12-01; every d128 case without
 // softcap and with an even GQA group runs on clusters: 73/73 forward tests
 // passed on the H200 and compute-sanitizer memcheck is clean on the 44 d128

@@ -14,7 +14,7 @@ Usage (from the repository root):
 SS_N = (32, 64, 128, 176, 192)  # S = Q K^T: N = key tile (kBlockN; 176: the wide d128 tile; 192: d64;
                                 # 32: the backward d256 dQ kernel's S, dP)
 RS_N = (8, 64, 128, 256)  # O += P V:  N = head dimension; 8: P times a ones tile (row sums)
-RS_K_N = (128, 192)    # S = Q K^T with Q from registers (kQInRegisters): N = key tile
+RS_K_N = (128, 192)    # S = Q K^T with Q from registers: N = key tile
 SS_MN_N = (32, 64, 128)  # backward dQ = dS K: N = d / 2 (both warpgroups) or d (by turns)
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
@@ -87,7 +87,7 @@ def main():
 //       (imm-trans-b = 1): O += P V; at N = 8, P times a tile of ones (the
 //       row sums of the 16-bit P; consumer.cuh, softcap without row max).
 //   rs_k: D = A B (+ D), A from registers, B from shared memory K-major
-//       (imm-trans-b = 0): S = Q K^T with Q in registers (kQInRegisters).
+//       (imm-trans-b = 0): S = Q K^T with Q in registers.
 //   ss_mn: D = A B (+ D), both from shared memory, both MN-major
 //       (imm-trans-a = imm-trans-b = 1): the backward's fused dQ = dS K.
 // d[i][e] is the f32 accumulator in the m16n8 C-fragment order of

@@ -6,7 +6,7 @@
 //       (imm-trans-b = 1): O += P V; at N = 8, P times a tile of ones (the
 //       row sums of the 16-bit P; consumer.cuh, softcap without row max).
 //   rs_k: D = A B (+ D), A from registers, B from shared memory K-major
-//       (imm-trans-b = 0): S = Q K^T with Q in registers (kQInRegisters).
+//       (imm-trans-b = 0): S = Q K^T with Q in registers.
 //   ss_mn: D = A B (+ D), both from shared memory, both MN-major
 //       (imm-trans-a = imm-trans-b = 1): the backward's fused dQ = dS K.
 // d[i][e] is the f32 accumulator in the m16n8 C-fragment order of
