@@ -88,14 +88,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) attention_fwd(const ForwardA
 }  // namespace
 
 std::string why_no_kernel_image() {
-  cudaFuncAttributes attributes{};
-  const cudaError_t status = cudaFuncGetAttributes(&attributes, attention_fwd<float>);
-  if (status == cudaSuccess) return "";
-  (void)cudaGetLastError();  // returned as the reason instead
-  const DeviceProperties& device = current_device_properties();
-  return "this build has no kernel image for sm_" + std::to_string(device.cc_major) +
-         std::to_string(device.cc_minor) +
-         " (built for " GQATTN_CUDA_ARCHS "): " + cudaGetErrorString(status);
+  return cuda::why_no_kernel_image(reinterpret_cast<const void*>(attention_fwd<float>));
 }
 
 void launch_forward(const ForwardPass& pass, const Launch& launch) {
