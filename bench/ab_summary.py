@@ -9,12 +9,12 @@ file per variant; this merges them into one file (each record gains a
     group, and whether the ranges of the two groups overlap.
 A group is the variants whose labels differ only in trailing digits (on,
 on2, on3 | off, off2), i.e. repeated builds or runs of one setting. Why:
-one H200 run of a build moves by several percent (docs/hopper.md, TODO 11:
-one build read 605 and 636 TFLOP/s). Where the ranges overlap the
-difference is within the spread; "apart" is needed for a reading but is
-not enough: three runs against two alternating ones read 6.8% apart on a
-kernel that had not changed, and a second call did not repeat it (same
-TODO). Alternate the settings' runs, and repeat a call before believing a
+one H200 run of a build moves by several percent (docs/performance.md,
+"Method": up to 13%; 2026-12-03, one build read 605 and 636 TFLOP/s).
+Where the ranges overlap the difference is within the spread; "apart" is
+needed for a reading but is not enough: three runs against two alternating
+ones read 6.8% apart on a kernel that had not changed, and a second call
+did not repeat it (2026-12-03, H200). Alternate the settings' runs, and repeat a call before believing a
 few percent.
 Checked by bench/tests/test_ab_summary.py (synthetic records).
 

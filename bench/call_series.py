@@ -3,14 +3,14 @@ backend, or FlexAttention under a window or softcap).
 
 side_by_side.py reports the median of 30 back-to-back calls after 5 warm-up
 calls. On the H200 a long kernel runs faster at first and slows once the
-power management reacts (docs/performance.md, 2026-12-02 twenty-eighth
-session: the d128 causal B1 T16k forward reads about 700 TFLOP/s for its
+power management reacts (docs/performance.md; 2026-12-02, H200: the
+d128 causal B1 T16k forward reads about 700 TFLOP/s for its
 first 10-20 calls and 620-635 afterwards), so that median lands on either side
 of the change from run to run. This script times N calls of each backend
 back to back, queued at once behind a GPU spin with an event between each
-two (side_by_side.py's --back-to-back; since the forty-first session: each
-call alone after a synchronisation, as before, counted PyTorch's queueing
-of the call in its time), and prints TFLOP/s per window of calls: the
+two (side_by_side.py's --back-to-back; timing each call alone after a
+synchronisation without the spin would count PyTorch's queueing of the
+call in its time), and prints TFLOP/s per window of calls: the
 early burst, the median of the calls side_by_side would time, and the
 steady state (the last half).
 
@@ -58,11 +58,11 @@ def ours(bench, backend, cfg, calls, do_backward):
 
 
 def theirs(cfg, calls, do_backward):
-    """The competitor of the issues' line for cfg: SDPA's cuDNN backend on
+    """The competitor of the criteria's line for cfg (criteria.py): SDPA's cuDNN backend on
     the plain shapes, FlexAttention under a window or softcap, as
     side_by_side.py builds and times them (its [B, T, H, d] layout: cuDNN is
     faster on contiguous [B, H, T, d], 585 against 537 TFLOP/s at d128
-    causal B4 T4k, this session)."""
+    causal B4 T4k, 2026-12-02, H200)."""
     import torch
     from torch.nn.attention import SDPBackend
 

@@ -1,8 +1,9 @@
-"""The issues' speed criteria, read off one side-by-side run or several.
+"""cuda-hopper's speed criteria, read off one side-by-side run or several.
 
 Reads the JSON that bench/side_by_side.py writes and prints, for every
-speed line of the Hopper issues (#5 forward, #6 backward), gqattn's ratio
-to the competitor the line names, three ways:
+speed line cuda-hopper is held to (CRITERIA below: forward lines in group 5,
+backward lines in group 6), gqattn's ratio to the competitor the line names,
+three ways:
   - in the run: the median over the run's rounds, the lowest round and in
     how many rounds the line is met (each round's ratio takes both sides
     from that round);
@@ -19,7 +20,7 @@ say which differ. Runs timed differently (side_by_side.py's --sustained,
 --settle, --idle-ms, --spin-ahead-us, --back-to-back) read different levels;
 pooled together they are flagged with each run's protocol, and a lone run not
 timed in plain bursts says how it was. Runs timed without a spin ahead of each
-call (side_by_side.py before the forty-first session) are named: PyTorch's
+call (side_by_side.py before 974fb9d, or --spin-ahead-us 0) are named: PyTorch's
 host queueing is inside their competitors' times, so their in-run ratios are
 upper bounds.
 
@@ -30,7 +31,7 @@ Checked by bench/tests/test_criteria.py (synthetic runs and anchors).
 
 usage: python bench/criteria.py RUN.json [MORE.json ...] [--anchors DIR] [--ours LABEL]
                                 [--markdown] [--spread]
-(LABEL default gqattn:cuda-hopper, the issues' backend)
+(LABEL default gqattn:cuda-hopper, the backend the criteria are for)
 """
 import argparse
 import glob
@@ -43,9 +44,10 @@ from collections import namedtuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from side_by_side import shape_key  # noqa: E402  (the run's shape labels)
 
-# One speed line of an issue: gqattn / competitor >= line, on one shape, for
-# the forward or the backward. The shapes are side_by_side.py's labels
-# (shape_key); the lines are the issues' "Done when" texts.
+# One speed line: gqattn / competitor >= line, on one shape, for the forward
+# or the backward. The shapes are side_by_side.py's labels (shape_key);
+# `issue` is the line's group (5: forward, 6: backward), printed in the
+# tables' first column.
 Criterion = namedtuple("Criterion", "issue pass_ shape competitor line")
 CUDNN, FLEX = "sdpa-cudnn", "flex"
 T4K = "B4 T4096 H32/8 d128 c1 w0 cap0"
@@ -115,7 +117,7 @@ def load_anchors(directory):
     return anchors
 
 
-# The issues are cuda-hopper's.
+# The criteria are cuda-hopper's.
 DEFAULT_OURS = "gqattn:cuda-hopper"
 
 
@@ -289,7 +291,8 @@ def main(argv=None):
     protocols = [protocol(one) for one in runs]
     if len(set(protocols)) > 1:
         # Pooling mixes regimes: bursts, paused calls and sustained runs
-        # read different levels (docs/performance.md, fortieth session).
+        # read different levels (docs/performance.md, "Three ways of spacing
+        # the calls").
         print("note: the runs were measured differently, pooled all the same: " +
               ", ".join(f"{path}: {p}" for path, p in zip(args.runs, protocols)))
     elif protocols[0] != protocol({}):
@@ -298,7 +301,7 @@ def main(argv=None):
     if unspun:
         # Without the spin each timed call's events held the host's queueing
         # of it, PyTorch's 0.1-1.3 ms against ours 0.01-0.07 (docs/
-        # performance.md, forty-first session).
+        # performance.md, "The spin ahead of every call").
         print("note: timed without a spin ahead of each call (side_by_side.py before 974fb9d, "
               "or --spin-ahead-us 0): the competitors' times hold PyTorch's host queueing, so "
               "the in-run ratios are upper bounds: " + ", ".join(unspun))

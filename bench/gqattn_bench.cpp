@@ -1,6 +1,6 @@
 // gqattn_bench: times gqattn's forward and backward on one GPU and prints
 // one JSON line per shape (TFLOP/s with FLOPs counted exactly from the mask,
-// DESIGN §5: forward 4 * d * H * B * kept pairs, backward 2.5x that).
+// docs/performance.md: forward 4 * d * H * B * kept pairs, backward 2.5x that).
 // Checked by running it (bench/side_by_side.py drives it); it verifies
 // nothing about correctness — the tests do.
 //
@@ -58,10 +58,9 @@
 // sleep) once before each pass's warm-up, meant to start every pass from
 // the same state of the power limiter whatever ran before it (a burst's
 // speed depends on the previous measurement's heat). Measured at 500 ms
-// (2026-12-04, docs/performance.md, forty-third and forty-fourth runs): it
-// narrowed both sides' spread in one run of two. bench/side_by_side.py
-// --settle passes it and idles PyTorch's passes the same way. Each line
-// says which in "settle_ms".
+// (2026-12-04, H200): it narrowed both sides' spread in one run of two.
+// bench/side_by_side.py --settle passes it and idles PyTorch's passes the
+// same way. Each line says which in "settle_ms".
 // --call-times adds every timed call's milliseconds, in call order, as
 // "fwd_call_ms" / "bwd_call_ms": whether the median hides a change within
 // the calls, such as the power limiter's onset (bench/call_series.py).
@@ -76,7 +75,7 @@
 // FLOPs of all the timed calls (side_by_side.py's own "fwd_pj_per_flop" is
 // the rougher estimate from nvidia-smi's power samples).
 // Under the H200's power cap a kernel runs as fast as its energy per FLOP
-// allows (docs/performance.md, twentieth session). The counter is coarse:
+// allows (2026-12-01, H200; docs/performance.md). The counter is coarse:
 // read it over a second or more of calls (--repeats).
 #include <cuda_runtime_api.h>
 
@@ -219,7 +218,7 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
                const gqattn_bench::EnergyCounter& energy) {
   // Every call of this shape (and explain's plans) under --force.
   const gqattn::detail::ScopedPlanOverride force(s.force);
-  const double pairs = double(p.kept_pairs());  // exact, DESIGN §1
+  const double pairs = double(p.kept_pairs());  // exact, docs/semantics.md
   const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
   std::string line;
   append(line,

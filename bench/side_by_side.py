@@ -1,4 +1,4 @@
-"""Side-by-side attention benchmark on one GPU, in one run (DESIGN §5).
+"""Side-by-side attention benchmark on one GPU, in one run (docs/performance.md).
 
 Times PyTorch SDPA (flash = FlashAttention-2, cuDNN) and FlexAttention on the
 standard shapes, runs gqattn's C++ bench (gqattn_bench) on the same shapes in
@@ -40,10 +40,9 @@ rows (2026-12-03, docs/performance.md). A second signal stops it at once.
 host) before each backend's forward and each backend's backward pass,
 ours (gqattn_bench --settle-ms) and PyTorch's alike, so that every pass
 starts from the same state of the power limiter. Without it a burst's
-speed depends on what ran just before: in the forty-second run our T16k
-forward read 609 to 695 TFLOP/s over five rounds of one build
-(docs/performance.md, 2026-12-04). At 0.5 s it narrowed both sides'
-spread in the forty-third run and not in the forty-fourth, so it is off
+speed depends on what ran just before: our T16k forward read 609 to 695
+TFLOP/s over five rounds of one build (2026-12-04, H200). At 0.5 s it
+narrowed both sides' spread in one run and not in the next, so it is off
 by default. The JSON records it ("settle_s").
 
 --idle-ms N lets the GPU idle N ms before every timed call (the previous
@@ -53,7 +52,7 @@ limiter, so no burst steps down in the middle of its calls. Back to back,
 a long kernel that draws more power than its competitor runs 5-6% faster
 for its first calls than after the limiter reacts, somewhere in the 30
 (the cap30 backward read 447-456 or 463-473 TFLOP/s by where that step
-fell, 459-461 with 150 ms pauses: 2026-12-04, fortieth session,
+fell, 459-461 with 150 ms pauses: 2026-12-04, H200,
 docs/performance.md), so the median of a burst is either level by chance.
 Paused calls measure each kernel at its rested clock, a reproducible
 basis; --sustained measures the opposite regime. The run takes N ms more
@@ -70,16 +69,17 @@ and its stop event before the start event fires: the events then time the
 GPU alone. Every timed call follows a synchronisation, so without the spin
 the start event fires at once and the host's time to launch the call
 counts: in bursts PyTorch takes 100-500 us to queue a forward call and
-300-1300 us a backward, gqattn 10-30 and 25-70 (the fiftieth run); after
-an idle pause PyTorch's grow to 0.5-1.3 and 0.9-1.6 ms (the forty-ninth).
-That is 10-15% of a T4k forward, and every in-run ratio up to the
-forty-eighth run holds it in our favour (docs/performance.md, 2026-12-04).
+300-1300 us a backward, gqattn 10-30 and 25-70; after an idle pause
+PyTorch's grow to 0.5-1.3 and 0.9-1.6 ms (2026-12-04, H200). That is
+10-15% of a T4k forward, and every in-run ratio measured without the spin
+holds it in our favour (docs/performance.md, "The spin ahead of every
+call").
 Every record gives the median host time to queue a call ("fwd_enqueue_us",
 "bwd_enqueue_us") and, with a spin, how many calls were queued slower than
 the spin lasted ("fwd_spin_short", "bwd_spin_short": those include host
 time; the run names them at its end). On by default at 2000 us, which
-covers PyTorch's slowest backward seen (0 for the earlier method, runs up
-to the forty-eighth); the JSON records it ("spin_ahead_us").
+covers PyTorch's slowest backward seen (0 for the earlier method, before
+974fb9d); the JSON records it ("spin_ahead_us").
 
 --back-to-back queues each pass's timed calls at once after the spin, an
 event between each two and no synchronisation (gqattn_bench
@@ -126,7 +126,7 @@ timed forward calls last about SECONDS back to back (estimated at
 SUSTAINED_EST_TFLOPS; the backward's 2.5x longer), long enough for the
 power cap to settle: the regime of training, which the default 30 calls
 (a few milliseconds to 0.3 s, partly before the cap reacts) do not reach
-on every shape. 2026-12-01 (docs/performance.md, twentieth session): the
+on every shape. 2026-12-01 (H200, docs/performance.md): the
 T16k forward reads 589-673 TFLOP/s in 30-call bursts and 604 sustained.
 
 --ours lists the gqattn backends to time (default cuda-flash); an entry
@@ -157,7 +157,7 @@ SUSTAINED_EST_TFLOPS = 500.0  # --sustained's guess of a forward's speed, for it
 REF_ROWS = 64          # query rows of the f32 spot check
 REF_MAX_REL_ERR = 2e-2  # a backend above this is reported as wrong, not timed
 
-# (B, T, H, Hkv, d, causal, window, softcap): DESIGN §5.
+# (B, T, H, Hkv, d, causal, window, softcap): the shapes of docs/performance.md.
 STANDARD = [
     (16, 1024, 32, 8, 128, True, 0, 0.0),
     (4, 4096, 32, 8, 128, True, 0, 0.0),
@@ -173,7 +173,7 @@ STANDARD = [
 
 # Which GPU a run measured and in what state it started: fresh device
 # calls may land on different H200s, whose levels differ by a few percent
-# on both sides (forty-third and forty-fourth runs, docs/performance.md).
+# on both sides (2026-12-04, H200).
 GPU_FIELDS = ("name", "uuid", "serial", "driver_version", "vbios_version", "power.limit",
               "temperature.gpu", "clocks.max.sm")
 
@@ -200,9 +200,8 @@ class ClockSampler:
     timestamps are converted the same way). Never raises: without
     nvidia-smi, or if it fails, there are no samples and mean() is None."""
 
-    # power.draw averages over about a second on recent drivers (the
-    # nineteenth run read 125-650 W for calls that all keep the tensor cores
-    # busy); power.draw.instant, where the driver has it, is one reading.
+    # power.draw averages over about a second on recent drivers (2026-12-01,
+    # H200: 125-650 W for calls that all keep the tensor cores busy); power.draw.instant, where the driver has it, is one reading.
     POWER_FIELDS = ("power.draw.instant", "power.draw")
 
     def __init__(self, period_ms=50, gpu=0, enabled=True):
@@ -417,7 +416,7 @@ def back_to_back_ms(fn, sets, repeats, spin_ahead_us, queueing):
 
 
 # Longer than PyTorch takes to queue one backward call (at most about 1.6 ms
-# in the forty-ninth run, after 150 ms pauses; 0.3-1.3 ms back to back).
+# after 150 ms pauses, 0.3-1.3 ms back to back: 2026-12-04, H200).
 DEFAULT_SPIN_AHEAD_US = 2000
 
 # torch.cuda._sleep counts SM clock cycles; SPIN_CALIBRATION_CYCLES of them

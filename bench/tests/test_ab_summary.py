@@ -50,7 +50,7 @@ def test_variant_table_has_a_cell_per_variant_and_shape():
 
 
 def test_groups_read_means_ranges_and_overlap():
-    # The thirty-fourth session's first reading of the unchanged wide kernel:
+    # A first reading of the unchanged wide kernel (2026-12-03, H200):
     # three "on" runs against two "off" runs, apart.
     records = [record("on", NON_CAUSAL, 587.2), record("off", NON_CAUSAL, 633.7),
                record("on2", NON_CAUSAL, 596.0), record("off2", NON_CAUSAL, 631.2),

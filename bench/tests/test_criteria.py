@@ -1,4 +1,4 @@
-"""bench/criteria.py without a GPU: the issues' ratios read off a synthetic
+"""bench/criteria.py without a GPU: the criteria's ratios read off a synthetic
 side-by-side run (per round, both sides from the same round) and off
 synthetic anchors (a backend's own family's file wins over another file's
 records of it), the three verdicts, and several runs pooled."""
@@ -69,7 +69,7 @@ def test_ratios_per_round_and_against_the_anchor(anchors_dir):
         record("sdpa-cudnn", criteria.T4K, 0, 600.0, 400.0),
         record(OURS, criteria.T4K, 1, 630.0, 420.0),
         record("sdpa-cudnn", criteria.T4K, 1, 500.0, 400.0),
-        # Other gqattn entries of the run are not the issues' backend.
+        # Other gqattn entries of the run are not the criteria's backend.
         record("gqattn:cuda-hopper:nondet", criteria.T4K, 0, 9999.0, 9999.0),
         record("gqattn:cuda-flash", criteria.T4K, 0, 9999.0, 9999.0),
     ]
