@@ -1,5 +1,5 @@
 """The tests' own f64 attention in numpy, forward and backward, written from
-the semantics (DESIGN §1 / docs/semantics.md) and sharing nothing with the
+the semantics (docs/semantics.md) and sharing nothing with the
 library: the binding's results are checked against it, not against gqattn's
 own oracle, so a bug in both cannot hide. Its gradient is itself checked
 against central finite differences in test_numpy.py.
@@ -78,8 +78,9 @@ def backward(q, k, v, do, causal=False, window=0, softcap=0.0, scale=None):
 
 
 def inputs(rng, B, Tq, Tk, H, Hkv, d, dtype=np.float32):
-    """Fresh inputs as DESIGN §4 asks: normal with a non-zero mean, a few
-    rows of large magnitude (the softmax's max tracking), never zeros."""
+    """Fresh inputs of the kind docs/semantics.md's checker draws: normal
+    with a non-zero mean, a few rows of large magnitude (the softmax's max
+    tracking), never zeros."""
     q = rng.normal(0.3, 1.0, (B, Tq, H, d))
     k = rng.normal(-0.2, 1.0, (B, Tk, Hkv, d))
     v = rng.normal(0.5, 1.0, (B, Tk, Hkv, d))
@@ -90,7 +91,7 @@ def inputs(rng, B, Tq, Tk, H, Hkv, d, dtype=np.float32):
 
 
 def rel_error(x, ref):
-    """max |x - ref| / max |ref| (DESIGN §4), over finite reference entries;
+    """max |x - ref| / max |ref| (docs/semantics.md), over finite reference entries;
     inf where x is not finite where ref is."""
     x = np.asarray(x, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)

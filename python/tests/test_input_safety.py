@@ -1,8 +1,7 @@
-"""Input safety through the Python binding (the "Input safety" issue): the
-oracle checks k's B and d, a read-only output is refused in gqattn's words,
-outputs may not alias inputs, sys.maxsize as a window means no window, and
-num_threads reaches the CPU backend. Outputs start as NaN; inputs are fresh
-random values.
+"""Input safety through the Python binding: the oracle checks k's B and d, a
+read-only output is refused in gqattn's words, outputs may not alias inputs,
+sys.maxsize as a window means no window, and num_threads reaches the CPU
+backend. Outputs start as NaN; inputs are fresh random values.
 """
 
 import sys

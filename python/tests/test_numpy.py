@@ -13,10 +13,11 @@ import pytest
 import gqattn
 import reference as ref
 
-F32_TOL = 1e-5  # DESIGN §4: f32 paths, max |err| / max |ref|
+F32_TOL = 1e-5  # docs/semantics.md: f32 paths, max |err| / max |ref|
 
 # (name, problem): sizes and mask options. Each exercises one thing that
-# breaks kernels (DESIGN §4's list), small enough for the f64 reference.
+# breaks kernels (docs/semantics.md, correctness), small enough for the f64
+# reference.
 CASES = [
     ("plain", dict(B=2, Tq=9, Tk=9, H=4, Hkv=2, d=8)),
     ("causal", dict(B=2, Tq=9, Tk=9, H=4, Hkv=2, d=8, causal=True)),
@@ -142,9 +143,9 @@ def test_read_only_inputs_accepted():
 
 
 def test_float16_within_design_tolerance():
-    # DESIGN §4 for 16-bit I/O: error against f64 (on the rounded inputs) at
-    # most 2x the f32 path's error on the same inputs, plus one rounding of
-    # an output element (2^-11 for f16).
+    # docs/semantics.md (correctness) for 16-bit I/O: error against f64 (on
+    # the rounded inputs) at most 2x the f32 path's error on the same inputs,
+    # plus one rounding of an output element (2^-11 for f16).
     rng = np.random.default_rng(6)
     sizes = dict(B=1, Tq=16, Tk=16, H=4, Hkv=2, d=16)
     opts = dict(causal=True, window=6, softcap=10.0)

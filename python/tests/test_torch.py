@@ -184,8 +184,8 @@ def test_non_contiguous_inputs_and_gradients():
 
 
 def test_bfloat16_within_design_tolerance():
-    # DESIGN §4: bf16 error against f64 at most 2x the f32 path's on the same
-    # rounded inputs, plus one output rounding (2^-8).
+    # docs/semantics.md (correctness): bf16 error against f64 at most 2x the
+    # f32 path's on the same rounded inputs, plus one output rounding (2^-8).
     opts = dict(causal=True, window=5, softcap=10.0)
     q, k, v, do = make(1, 16, 16, 4, 2, 16, dtype=torch.bfloat16, seed=2)
     ref_o, ref_g = grads(lambda a, b, c: math_reference(a, b, c, **opts),
