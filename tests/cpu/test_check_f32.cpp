@@ -1,4 +1,4 @@
-// The f32 tolerance of gqattn::check (the "Input safety" issue): f32 is
+// The f32 tolerance of gqattn::check (docs/semantics.md): f32 is
 // judged like 16-bit I/O, by 2 x the f32 mirror's error against the f64
 // oracle + one f32 rounding, not by a fixed 1e-5 that the seed's own f32
 // algorithm exceeds on long rows (dq at T = 2048).

@@ -1,8 +1,8 @@
-// Input safety (the "Input safety" issue, items 1, 2, 5 and 6): a window of
-// Tk or more, aliasing and overlapping outputs, spans that overflow in
-// bytes, and a CPU backend whose memory follows the kept pairs (a 1 GiB
-// address-space limit, and nothing written when memory runs out). Outputs
-// are NaN-poisoned before every call; inputs are fresh random values.
+// Input safety: a window of Tk or more, aliasing and overlapping outputs,
+// spans that overflow in bytes, and a CPU backend whose memory follows the
+// kept pairs (a 1 GiB address-space limit, and nothing written when memory
+// runs out). Outputs are NaN-poisoned before every call; inputs are fresh
+// random values.
 #include <sys/resource.h>
 #include <sys/wait.h>
 
@@ -50,7 +50,7 @@ TEST(InputSafety, EffectiveWindow) {
   EXPECT_EQ(p.effective_window(), 1);
 }
 
-// The CLI case of the issue: Tq > Tk, no causal mask, window INT64_MAX. Every
+// The command-line case: Tq > Tk, no causal mask, window INT64_MAX. Every
 // row keeps every key: the same bits as no window, in the mirror and oracle.
 TEST(InputSafety, HugeWindowIsNoWindow) {
   for (bool causal : {false, true}) {

@@ -1,12 +1,11 @@
-// gqattn_fuzz: a seeded property fuzzer over validation and the CPU backend
-// (the "Input safety" issue). Each round draws a random problem (sizes, mask,
-// window up to INT64_MAX, softcap, scale), dtype, and tensors placed in one
-// byte arena with random strides, padding, offsets, and now and then a
-// broken argument: an output aliasing or overlapping another argument or
-// itself, a wrong shape, dtype or rank, a null or misaligned pointer, a
-// negative or huge stride. Then forward (and backward on forward's o and
-// lse) through the public API. Properties, each a failure (exit 1) when
-// broken:
+// gqattn_fuzz: a seeded property fuzzer over validation and the CPU backend.
+// Each round draws a random problem (sizes, mask, window up to INT64_MAX,
+// softcap, scale), dtype, and tensors placed in one byte arena with random
+// strides, padding, offsets, and now and then a broken argument: an output
+// aliasing or overlapping another argument or itself, a wrong shape, dtype or
+// rank, a null or misaligned pointer, a negative or huge stride. Then forward
+// (and backward on forward's o and lse) through the public API. Properties,
+// each a failure (exit 1) when broken:
 //   - a rejected call throws gqattn::Error and leaves every arena byte as
 //     it was (nothing written);
 //   - an accepted call writes every output element, writes no byte outside

@@ -1,7 +1,7 @@
 // cuda-unfused against the CPU backend (the f32 mirror of the seed, the same
 // float operations in the same order), through the public API:
 //   UnfusedSmall.*      tiny problems, also the compute-sanitizer target
-//   UnfusedVsCpuF32.*   the shapes that break kernels (DESIGN §4), f32
+//   UnfusedVsCpuF32.*   the shapes that break kernels (docs/semantics.md), f32
 //   UnfusedVsCpu16.*    bf16 and f16 I/O against the CPU in the same dtype
 //   Unfused.*           many rows (grid limits), determinism, streams,
 //                       strides, lse optional, the refusals and messages
@@ -50,7 +50,7 @@ constexpr double kF32Tolerance = 1e-6;
 // saturated logit (tanh near +-1) turns one ulp of tanh into a relative error
 // of up to ~1e-3 in that factor. glibc before 2.41 rounds tanhf wrongly on
 // ~3% of inputs, so dq and dk may differ from the CPU's by ~2e-6 with large
-// logits; they are held to the f32 bound of DESIGN §4 instead.
+// logits; they are held to the f32 bound of docs/semantics.md instead.
 constexpr double kSoftcapGradTolerance = 1e-5;
 
 constexpr uint64_t kSeed = 20261130;
@@ -227,7 +227,7 @@ TEST(UnfusedSmall, EmptyRowsAndUnusedKeys) {
   }
 }
 
-// ---- UnfusedVsCpuF32: the shapes of DESIGN §4 ------------------------------
+// ---- UnfusedVsCpuF32: the shapes that break kernels ------------------------
 
 struct Case {
   std::string name;

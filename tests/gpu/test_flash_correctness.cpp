@@ -1,5 +1,5 @@
 // cuda-flash against the f64 oracle through gqattn::check (tolerances of
-// DESIGN §4, NaN-poisoned outputs, determinism by rerunning and comparing
+// docs/semantics.md, NaN-poisoned outputs, determinism by rerunning and comparing
 // bits): the shapes that break kernels — T = 1, T not a multiple of any
 // tile, Tq != Tk both ways, d 64/128/256, Hkv = 1, Hkv = H, H/Hkv = 4,
 // windows 1, 64 and >= T, softcap with large logits (each softcap score

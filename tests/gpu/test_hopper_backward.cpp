@@ -1,6 +1,6 @@
 // cuda-hopper's backward (sm_90a: wgmma, TMA, warp specialisation; dK/dV
 // and dQ kernels) against the f64 oracle through gqattn::check (tolerances
-// of DESIGN §4, NaN-poisoned gradients, determinism by rerunning and
+// of docs/semantics.md, NaN-poisoned gradients, determinism by rerunning and
 // comparing bits): T = 1, T not a multiple of the tiles, Tq != Tk both ways,
 // Hkv = 1 and H / Hkv in {1, 2, 4, 8, 32}, windows 1, 64 and >= T, softcap 30
 // with large logits and with logits straddling the polynomial's range, rows with no kept key, key
@@ -144,7 +144,8 @@ std::vector<BackwardCase> cases() {
       // (hopper/tile_sizes.hpp): long rows keep stale reference maxima on
       // most key tiles, and an o whose 16-bit rounding of the largest p went
       // uncompensated fails dq / dk through D = rowsum(dO o O)
-      // (Tq37_Tk200_causal_d256 did; docs/hopper.md TODO 7). Scale 1: row
+      // (Tq37_Tk200_causal_d256 did;
+      // docs/decisions/hopper-forward-lazy-rescale.md). Scale 1: row
       // maxima that jump past the threshold late in a row.
       make("T1000_causal_d256_stale_maxima", 1, 1000, 1000, 2, 1, 256, true),
       make("Tq64_Tk1500_d256_f16_stale_maxima", 1, 64, 1500, 2, 1, 256, false, 0, 0.0f, f16),

@@ -1,5 +1,5 @@
 // cuda-hopper (sm_90a forward: wgmma, TMA, warp specialisation) against the
-// f64 oracle through gqattn::check (tolerances of DESIGN §4, NaN-poisoned
+// f64 oracle through gqattn::check (tolerances of docs/semantics.md, NaN-poisoned
 // outputs, determinism by rerunning and comparing bits), forward only: the
 // shapes that break kernels — T = 1, T not a multiple of the tiles, Tq != Tk
 // both ways, d 64/128/256, Hkv = 1, Hkv = H, windows 1, 64 and >= T,

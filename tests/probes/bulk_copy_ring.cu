@@ -15,8 +15,8 @@
 // probe passes, memcheck and synccheck are clean, racecheck reports 6
 // hazards between bulk_load's write (bulk_copy.cuh) and the consumers'
 // loads, with or without a fence.proxy.async before each release; the
-// backward's lse2 / D reports have the same signature (docs/hopper.md,
-// Backward / TODO 7).
+// backward's lse2 / D reports have the same signature (its producer loads
+// lse2 and D by bulk copy: docs/backends/cuda-hopper.md, Backward).
 //
 // As a test (ctest label gpu): the consumers' sums must equal the host's.
 // Exit 0 pass, 1 fail, 77 skipped (no sm_90 device, or no sm_90a code).
