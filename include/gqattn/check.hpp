@@ -7,8 +7,8 @@
 // the oracle run on the same rounded inputs.
 //
 // Error of a tensor = max |x - ref| / max |ref| (lse: over kept rows, with
-// -inf required exactly where the oracle has -inf). Tolerances (DESIGN §4),
-// see tolerance() below:
+// -inf required exactly where the oracle has -inf). Tolerances
+// (docs/semantics.md, "How correctness is judged"), see tolerance() below:
 //   every dtype: 2 x (error of the f32 CPU mirror on the same rounded inputs)
 //                + one rounding of an output element (2^-24 f32, 2^-8 bf16,
 //                  2^-11 f16)

@@ -20,8 +20,8 @@
 namespace gqattn::cuda {
 
 // Freed workspace each library pool keeps mapped across synchronisations.
-// The largest linear workspace of the fused backends at DESIGN §5's
-// standard shapes is ~0.3 GB (cuda-hopper's fused-dQ f32 accumulator,
+// The largest linear workspace of the fused backends at the standard shapes
+// of docs/performance.md is ~0.3 GB (cuda-hopper's fused-dQ f32 accumulator,
 // B*H*Tq*d floats: 268 MB where B*Tq = 16384, H = 32, d = 128), so 1 GiB
 // keeps it with room to spare. cuda-unfused's quadratic P workspace is
 // mostly larger: what a pool holds above the threshold still goes back to
