@@ -14,8 +14,8 @@ one H200 run of a build moves by several percent (docs/performance.md,
 Where the ranges overlap the difference is within the spread; "apart" is
 needed for a reading but is not enough: three runs against two alternating
 ones read 6.8% apart on a kernel that had not changed, and a second call
-did not repeat it (2026-12-03, H200). Alternate the settings' runs, and repeat a call before believing a
-few percent.
+did not repeat it (2026-12-03, H200). Alternate the settings' runs, and
+repeat a call before believing a few percent.
 Checked by bench/tests/test_ab_summary.py (synthetic records).
 
 usage: python bench/ab_summary.py --logs DIR --out AB.jsonl LABEL...   (merge, then print)

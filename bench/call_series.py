@@ -58,11 +58,11 @@ def ours(bench, backend, cfg, calls, do_backward):
 
 
 def theirs(cfg, calls, do_backward):
-    """The competitor of the criteria's line for cfg (criteria.py): SDPA's cuDNN backend on
-    the plain shapes, FlexAttention under a window or softcap, as
-    side_by_side.py builds and times them (its [B, T, H, d] layout: cuDNN is
-    faster on contiguous [B, H, T, d], 585 against 537 TFLOP/s at d128
-    causal B4 T4k, 2026-12-02, H200)."""
+    """The competitor of the criteria's line for cfg (criteria.py): SDPA's
+    cuDNN backend on the plain shapes, FlexAttention under a window or
+    softcap, as side_by_side.py builds and times them (its [B, T, H, d]
+    layout: cuDNN is faster on contiguous [B, H, T, d], 585 against 537
+    TFLOP/s at d128 causal B4 T4k, 2026-12-02, H200)."""
     import torch
     from torch.nn.attention import SDPBackend
 

@@ -4,10 +4,10 @@ Forward only, Tq much shorter than Tk (Tq = 1 is a decoding step), bf16,
 GQA: gqattn_bench (--no-backward) against PyTorch SDPA's flash and cuDNN
 backends on the same shapes in the same run, with side_by_side.py's method
 (rotated input sets beyond L2, warm-up, each call timed alone behind a GPU
-spin that keeps the host's queueing out of its time, median) and
-its FLOP count (4 d H B times the kept (i, j) pairs). The mask is none:
-SDPA's is_causal aligns Tq != Tk at the top left where gqattn aligns at the
-bottom right (docs/semantics.md), and for Tq = 1 the two are the same as none. The
+spin that keeps the host's queueing out of its time, median) and its FLOP
+count (4 d H B times the kept (i, j) pairs). The mask is none: SDPA's
+is_causal aligns Tq != Tk at the top left where gqattn aligns at the bottom
+right (docs/semantics.md), and for Tq = 1 the two are the same as none. The
 torch backends are spot-checked against an f32 reference first, as in
 side_by_side.py. These shapes are where cuda-hopper packs the query heads of
 a kv head into one tile (src/cuda/hopper/pack_gqa.hpp) and splits each
@@ -16,10 +16,11 @@ $OUT/short_query.json (or --out DIR) and prints one table. Checked by
 running it on the GPU machine.
 
 --spin-ahead-us N: the spin's length, as side_by_side.py's (default
-2000 us; 0: none, the method before 974fb9d, whose PyTorch times held PyTorch's queueing of each call: tens of
-microseconds or more, the whole of a decoding step's kernel time). Each
-record gives the median queueing time ("fwd_enqueue_us") and, with a
-spin, the calls queued slower than it lasted ("fwd_spin_short").
+2000 us; 0: none, the method before 974fb9d, whose PyTorch times held PyTorch's
+queueing of each call: tens of microseconds or more, the whole of a
+decoding step's kernel time). Each record gives the median queueing time
+("fwd_enqueue_us") and, with a spin, the calls queued slower than it
+lasted ("fwd_spin_short").
 
 usage: python bench/short_query.py [--bench PATH] [--out DIR] [--repeats N]
                                    [--ours BACKEND] [--ours-only] [--spin-ahead-us N]

@@ -157,7 +157,7 @@ SUSTAINED_EST_TFLOPS = 500.0  # --sustained's guess of a forward's speed, for it
 REF_ROWS = 64          # query rows of the f32 spot check
 REF_MAX_REL_ERR = 2e-2  # a backend above this is reported as wrong, not timed
 
-# (B, T, H, Hkv, d, causal, window, softcap): the shapes of docs/performance.md.
+# (B, T, H, Hkv, d, causal, window, softcap): docs/performance.md's shapes.
 STANDARD = [
     (16, 1024, 32, 8, 128, True, 0, 0.0),
     (4, 4096, 32, 8, 128, True, 0, 0.0),
@@ -201,7 +201,8 @@ class ClockSampler:
     nvidia-smi, or if it fails, there are no samples and mean() is None."""
 
     # power.draw averages over about a second on recent drivers (2026-12-01,
-    # H200: 125-650 W for calls that all keep the tensor cores busy); power.draw.instant, where the driver has it, is one reading.
+    # H200: 125-650 W for calls that all keep the tensor cores busy);
+    # power.draw.instant, where the driver has it, is one reading.
     POWER_FIELDS = ("power.draw.instant", "power.draw")
 
     def __init__(self, period_ms=50, gpu=0, enabled=True):

@@ -91,8 +91,8 @@ def inputs(rng, B, Tq, Tk, H, Hkv, d, dtype=np.float32):
 
 
 def rel_error(x, ref):
-    """max |x - ref| / max |ref| (docs/semantics.md), over finite reference entries;
-    inf where x is not finite where ref is."""
+    """max |x - ref| / max |ref| (docs/semantics.md), over finite reference
+    entries; inf where x is not finite where ref is."""
     x = np.asarray(x, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     finite = np.isfinite(ref)

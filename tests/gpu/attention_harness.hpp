@@ -179,8 +179,9 @@ struct Inputs {
   std::vector<float> q, k, v, dout;
 };
 
-// Input distribution (docs/semantics.md, correctness): normal with a non-zero mean, and every
-// kLargeRowEvery-th row of q scaled up so some softmax rows are near one-hot.
+// Input distribution (docs/semantics.md, correctness): normal with a non-zero
+// mean, and every kLargeRowEvery-th row of q scaled up so some softmax rows are
+// near one-hot.
 constexpr float kInputMean = 0.25f;
 constexpr int64_t kLargeRowEvery = 7;
 constexpr float kLargeRowFactor = 8.0f;

@@ -1,11 +1,11 @@
 // cuda-flash against the f64 oracle through gqattn::check (tolerances of
-// docs/semantics.md, NaN-poisoned outputs, determinism by rerunning and comparing
-// bits): the shapes that break kernels — T = 1, T not a multiple of any
-// tile, Tq != Tk both ways, d 64/128/256, Hkv = 1, Hkv = H, H/Hkv = 4,
-// windows 1, 64 and >= T, softcap with large logits (each softcap score
-// mode of flash/score_mode.hpp), rows with no kept key,
-// bf16 and f16, padded strides. Every case skips, saying why, where
-// cuda-flash cannot run (no usable device, or too little shared memory).
+// docs/semantics.md, NaN-poisoned outputs, determinism by rerunning and
+// comparing bits): the shapes that break kernels — T = 1, T not a multiple of
+// any tile, Tq != Tk both ways, d 64/128/256, Hkv = 1, Hkv = H, H/Hkv = 4,
+// windows 1, 64 and >= T, softcap with large logits (each softcap score mode
+// of flash/score_mode.hpp), rows with no kept key, bf16 and f16, padded
+// strides. Every case skips, saying why, where cuda-flash cannot run (no
+// usable device, or too little shared memory).
 // Every case runs with each dQ strategy (separate, fused in a fixed order
 // and atomic, see src/cuda/flash/tile_sizes.hpp), forced through the plan
 // override (dq=separate, dq=fused, dq=atomic), plus longer cases where

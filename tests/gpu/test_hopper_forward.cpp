@@ -1,12 +1,12 @@
 // cuda-hopper (sm_90a forward: wgmma, TMA, warp specialisation) against the
-// f64 oracle through gqattn::check (tolerances of docs/semantics.md, NaN-poisoned
-// outputs, determinism by rerunning and comparing bits), forward only: the
-// shapes that break kernels — T = 1, T not a multiple of the tiles, Tq != Tk
-// both ways, d 64/128/256, Hkv = 1, Hkv = H, windows 1, 64 and >= T,
+// f64 oracle through gqattn::check (tolerances of docs/semantics.md,
+// NaN-poisoned outputs, determinism by rerunning and comparing bits), forward
+// only: the shapes that break kernels — T = 1, T not a multiple of the tiles,
+// Tq != Tk both ways, d 64/128/256, Hkv = 1, Hkv = H, windows 1, 64 and >= T,
 // softcap with large logits (each softcap score mode of score_mode.hpp),
-// softcap logits straddling the polynomial tanh's range,
-// rows with no kept key, bf16 and f16, padded
-// strides, and sequences long enough to wrap the TMA ring several times.
+// softcap logits straddling the polynomial tanh's range, rows with no kept
+// key, bf16 and f16, padded strides, and sequences long enough to wrap the
+// TMA ring several times.
 // Non-causal d128 without a window runs on the wide 128 x 176 key tile
 // (the wide d128 tile): its cases have Tk not a multiple of
 // 176 (partially masked last key tile), Tk < 176, Tk a multiple of 176.
