@@ -45,10 +45,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from side_by_side import shape_key  # noqa: E402  (the run's shape labels)
 
 # One speed line: gqattn / competitor >= line, on one shape, for the forward
-# or the backward. The shapes are side_by_side.py's labels (shape_key);
-# `issue` is the line's group (5: forward, 6: backward), printed in the
-# tables' first column.
-Criterion = namedtuple("Criterion", "issue pass_ shape competitor line")
+# or the backward. The shapes are side_by_side.py's labels (shape_key).
+Criterion = namedtuple("Criterion", "pass_ shape competitor line")
 CUDNN, FLEX = "sdpa-cudnn", "flex"
 T4K = "B4 T4096 H32/8 d128 c1 w0 cap0"
 T16K = "B1 T16384 H32/8 d128 c1 w0 cap0"
@@ -59,21 +57,21 @@ WINDOW = "B4 T4096 H32/8 d128 c1 w1024 cap0"
 SOFTCAP = "B4 T4096 H32/8 d128 c1 w0 cap30"
 D256_WINDOW_SOFTCAP = "B2 T8192 H16/8 d256 c1 w4096 cap50"
 CRITERIA = [
-    Criterion(5, "fwd", T4K, CUDNN, 1.10),
-    Criterion(5, "fwd", T16K, CUDNN, 1.10),
-    Criterion(5, "fwd", D64, CUDNN, 1.0),
-    Criterion(5, "fwd", D256, CUDNN, 1.0),
-    Criterion(5, "fwd", NON_CAUSAL, CUDNN, 1.0),
-    Criterion(5, "fwd", WINDOW, FLEX, 2.5),
-    Criterion(5, "fwd", SOFTCAP, FLEX, 2.5),
-    Criterion(5, "fwd", D256_WINDOW_SOFTCAP, FLEX, 2.5),
-    Criterion(6, "bwd", T4K, CUDNN, 1.10),
-    Criterion(6, "bwd", T16K, CUDNN, 1.10),
-    Criterion(6, "bwd", D64, CUDNN, 1.0),
-    Criterion(6, "bwd", D256, CUDNN, 1.2),
-    Criterion(6, "bwd", WINDOW, FLEX, 3.0),
-    Criterion(6, "bwd", SOFTCAP, FLEX, 3.0),
-    Criterion(6, "bwd", D256_WINDOW_SOFTCAP, FLEX, 3.0),
+    Criterion("fwd", T4K, CUDNN, 1.10),
+    Criterion("fwd", T16K, CUDNN, 1.10),
+    Criterion("fwd", D64, CUDNN, 1.0),
+    Criterion("fwd", D256, CUDNN, 1.0),
+    Criterion("fwd", NON_CAUSAL, CUDNN, 1.0),
+    Criterion("fwd", WINDOW, FLEX, 2.5),
+    Criterion("fwd", SOFTCAP, FLEX, 2.5),
+    Criterion("fwd", D256_WINDOW_SOFTCAP, FLEX, 2.5),
+    Criterion("bwd", T4K, CUDNN, 1.10),
+    Criterion("bwd", T16K, CUDNN, 1.10),
+    Criterion("bwd", D64, CUDNN, 1.0),
+    Criterion("bwd", D256, CUDNN, 1.2),
+    Criterion("bwd", WINDOW, FLEX, 3.0),
+    Criterion("bwd", SOFTCAP, FLEX, 3.0),
+    Criterion("bwd", D256_WINDOW_SOFTCAP, FLEX, 3.0),
 ]
 
 # What one criterion measured: ratios None where the run (or the anchors)
@@ -184,14 +182,14 @@ def spread_text(values):
             f"{100 * (max(values) - min(values)) / median:.1f}%")
 
 
-SPREAD_HEADER = ["issue", "pass", "shape", "against", "rounds", "ours: median [range] range %",
+SPREAD_HEADER = ["pass", "shape", "against", "rounds", "ours: median [range] range %",
                  "theirs: median [range] range %"]
 
 
 def spread_rows(spreads):
     for sp in spreads:
         c = sp.criterion
-        yield [f"#{c.issue}", c.pass_, c.shape, c.competitor, str(len(sp.ours)),
+        yield [c.pass_, c.shape, c.competitor, str(len(sp.ours)),
                spread_text(sp.ours), spread_text(sp.theirs)]
 
 
@@ -220,7 +218,7 @@ def ratio_text(value):
 def rows(readings):
     for r in readings:
         c = r.criterion
-        yield [f"#{c.issue}", c.pass_, c.shape, c.competitor, f">= {c.line:.2f}",
+        yield [c.pass_, c.shape, c.competitor, f">= {c.line:.2f}",
                ratio_text(r.run_median), ratio_text(r.run_lowest),
                f"{r.rounds_met} of {r.rounds}",
                met(r.run_median, c.line), met(r.run_lowest, c.line),
@@ -229,7 +227,7 @@ def rows(readings):
                met(r.anchor_ratio, c.line)]
 
 
-HEADER = ["issue", "pass", "shape", "against", "line", "run median", "lowest round", "rounds met",
+HEADER = ["pass", "shape", "against", "line", "run median", "lowest round", "rounds met",
           "met (median)", "met (every round)", "vs anchor (its TFLOP/s)", "met (anchor)"]
 
 

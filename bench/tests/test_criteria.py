@@ -31,8 +31,8 @@ def anchor(backend, B, T, H, Hkv, hd, causal, window, softcap, fwd, bwd):
             "window": window, "softcap": softcap, "fwd_tflops": fwd, "bwd_tflops": bwd}
 
 
-def reading(readings, issue, shape):
-    return next(r for r in readings if r.criterion.issue == issue and r.criterion.shape == shape)
+def reading(readings, pass_, shape):
+    return next(r for r in readings if r.criterion.pass_ == pass_ and r.criterion.shape == shape)
 
 
 @pytest.fixture
@@ -75,13 +75,13 @@ def test_ratios_per_round_and_against_the_anchor(anchors_dir):
     ]
     ours, readings = criteria.read_run({"results": results}, criteria.load_anchors(anchors_dir))
     assert ours == OURS
-    fwd = reading(readings, 5, criteria.T4K)
+    fwd = reading(readings, "fwd", criteria.T4K)
     assert fwd.rounds == 2
     assert fwd.run_median == pytest.approx((1.10 + 1.26) / 2)
     assert fwd.run_lowest == pytest.approx(1.10)
     # Our median over the rounds, 645, over the anchor's 500.
     assert fwd.anchor_ratio == pytest.approx(645.0 / 500.0)
-    bwd = reading(readings, 6, criteria.T4K)
+    bwd = reading(readings, "bwd", criteria.T4K)
     assert bwd.run_lowest == pytest.approx(1.05)  # 420 / 400: under 1.10
     assert bwd.anchor_ratio == pytest.approx(450.0 / 400.0)
 
@@ -89,7 +89,7 @@ def test_ratios_per_round_and_against_the_anchor(anchors_dir):
 def test_a_shape_without_a_competitor_has_no_ratio(anchors_dir):
     results = [record(OURS, criteria.T16K, 0, 600.0, 500.0)]
     _, readings = criteria.read_run({"results": results}, criteria.load_anchors(anchors_dir))
-    r = reading(readings, 5, criteria.T16K)
+    r = reading(readings, "fwd", criteria.T16K)
     assert r.run_median is None and r.run_lowest is None and r.rounds == 0
     assert r.anchor_ratio is None  # the synthetic anchors have no T16k
 
@@ -100,7 +100,7 @@ def test_verdicts_and_table(anchors_dir):
         record("flex", criteria.WINDOW, 0, 200.0, 100.0),
     ]
     _, readings = criteria.read_run({"results": results}, criteria.load_anchors(anchors_dir))
-    fwd = reading(readings, 5, criteria.WINDOW)
+    fwd = reading(readings, "fwd", criteria.WINDOW)
     assert fwd.run_median == pytest.approx(2.6)
     assert criteria.met(fwd.run_median, 2.5) == "yes"
     assert criteria.met(2.499, 2.5) == "NO"
@@ -125,7 +125,7 @@ def test_runs_pooled_keep_each_rounds_sides_together(anchors_dir):
                          record("sdpa-cudnn", criteria.T4K, 0, 560.0, 400.0)]}
     _, readings = criteria.read_run(criteria.pool_runs([run_a, run_b]),
                                     criteria.load_anchors(anchors_dir))
-    fwd = reading(readings, 5, criteria.T4K)
+    fwd = reading(readings, "fwd", criteria.T4K)
     assert (fwd.rounds, fwd.rounds_met) == (3, 2)
     assert fwd.run_median == pytest.approx(1.10)
     assert fwd.run_lowest == pytest.approx(1.00)

@@ -3,14 +3,13 @@
 // hopper_backend.cpp, uses them; the kernels static_assert what they rely
 // on). Checked by compiling and by tests/gpu/test_hopper_backward.cpp.
 //
-// Three kernels run in order on the caller's stream (docs/hopper.md,
-// "Backward"): cuda-flash's preprocessing kernel (lse2 = lse * log2 e and
-// D = rowsum(dO o O) into a [B*H, tq_padded] f32 workspace), the dK/dV
-// kernel (one CTA per key tile, kv head, batch, walking the query tiles of
-// every query head of the GQA group) and the dQ kernel (one CTA per query
-// tile, head, batch, walking the key tiles and recomputing S and dP). No
-// atomics anywhere: every output element is written once, by one thread,
-// after a fixed-order reduction, so the gradients are bitwise reproducible.
+// Three kernels run in order on the caller's stream
+// (docs/backends/cuda-hopper.md, "Backward"): the fused layer's preprocessing kernel (lse2 = lse *
+// log2 e and D = rowsum(dO o O) into a [B*H, tq_padded] f32 workspace), the dK/dV kernel (one CTA
+// per key tile, kv head, batch, walking the query tiles of every query head of the GQA group) and
+// the dQ kernel (one CTA per query tile, head, batch, walking the key tiles and recomputing S and
+// dP). No atomics anywhere: every output element is written once, by one thread, after a
+// fixed-order reduction, so the gradients are bitwise reproducible.
 #pragma once
 
 #include <cuda.h>
