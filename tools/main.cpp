@@ -2,6 +2,10 @@
 //   gqattn check [flags]  forward + backward on each backend against the f64 oracle
 //   gqattn info           build configuration, CUDA devices, backends and why not
 //   gqattn explain [flags] which backend runs a problem, with which plan, or why not
+//   gqattn --version      the library's version
+// Flags take `--flag value` or `--flag=value`; --json prints JSON instead of
+// tables (check: one object per backend and line; info, explain: one object),
+// and check's progress ("checking <backend> ...") always goes to stderr.
 // Usage errors print one line and exit 2; a failed check exits 1; a runtime
 // failure (out of memory, a CUDA error) exits 3.
 #include <cerrno>
@@ -28,15 +32,24 @@ masks and logit soft-capping, forward and backward, on the CPU and NVIDIA GPUs.
 usage:
   gqattn check [flags]   run forward and backward on random inputs and compare every
                          output (o, lse, dq, dk, dv) with the f64 oracle; exit 1 on a failure
-  gqattn info            build configuration, CUDA devices, backends and why not
+  gqattn info [--json]   build configuration, CUDA devices, backends and why not
   gqattn explain [flags] for each backend (and auto): whether it runs the problem's
                          forward and backward, the plan it would run (tile, score
                          mode, splits, dQ path, workspace), or why not; runs nothing.
-                         Takes check's problem flags, --dtype, --backend and
-                         --forward-only
-  gqattn --help          this text
+                         Takes check's problem flags, --dtype, --backend,
+                         --forward-only and --json
+  gqattn --version       the version (also: gqattn version)
+  gqattn --help          this text (also: gqattn <command> --help)
 
-check flags (defaults: a small GQA problem with causal, window and softcap all on):
+exit status: 0 ok, 1 a failed check, 2 a usage error, 3 a runtime failure
+(out of memory, a CUDA error).
+
+)";
+
+// check's and explain's flags; `--flag=value` is the same as `--flag value`.
+const char* kFlags =
+    R"(check flags (defaults: a small GQA problem with causal, window and softcap all on);
+each takes `--flag value` or `--flag=value`:
   --B N          batch                                  (2)
   --T N          sets both --Tq and --Tk
   --Tq N         query length                           (256)
@@ -54,12 +67,40 @@ check flags (defaults: a small GQA problem with causal, window and softcap all o
                  all = every backend available here      (all)
   --seed N       random seed                            (1)
   --forward-only skip the backward pass
+  --json         print JSON on stdout instead of the table: check, one object
+                 per backend and line; explain, one object. Progress
+                 ("checking <backend> ...") goes to stderr either way
+  --help         this text
 
-examples:
+)";
+
+const char* kExamples = R"(examples:
   gqattn check
   gqattn check --backend cpu --dtype f32 --T 1000 --window 0
   gqattn check --B 1 --Tq 7 --Tk 300 --H 16 --Hkv 1 --d 128 --causal 0
+  gqattn check --json --backend=cpu --dtype=f32 --T=64
   gqattn explain --B 8 --Tq 1 --Tk 8192 --H 32 --Hkv 8 --d 128 --causal 0 --window 0 --softcap 0
+)";
+
+const char* kCheckUsage = R"(usage: gqattn check [flags]
+Runs forward and backward on random inputs on each backend and compares every
+output (o, lse, dq, dk, dv) with the f64 oracle; exits 1 on a failure.
+
+)";
+
+const char* kExplainUsage = R"(usage: gqattn explain [flags]
+For each backend (and auto): whether it runs the problem's forward and backward,
+the plan it would run (tile, score mode, splits, dQ path, workspace), or why
+not; runs nothing. Takes check's problem flags, --dtype, --backend,
+--forward-only and --json (--seed is accepted and ignored).
+
+)";
+
+const char* kInfoUsage = R"(usage: gqattn info [--json]
+Prints the build configuration (version, CUDA runtime and architectures), the
+visible CUDA devices, and each backend: available, or why not.
+  --json   one JSON object on stdout instead of the text
+  --help   this text
 )";
 
 struct UsageError {
@@ -100,13 +141,82 @@ gqattn::DType parse_dtype(const std::string& text) {
   throw UsageError{"--dtype must be f32, bf16 or f16, got '" + text + "'"};
 }
 
+// Minimal JSON output: strings escaped per RFC 8259, non-finite numbers as
+// null (JSON has no NaN or infinity).
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    const auto u = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (u < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(u));
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.12g", value);
+  return buf;
+}
+
+std::string json_int(long long value) { return std::to_string(value); }
+
+const char* json_bool(bool value) { return value ? "true" : "false"; }
+
+// Builds one JSON object: add("key", raw JSON text), in insertion order.
+class JsonObject {
+ public:
+  JsonObject& add(const std::string& key, const std::string& raw) {
+    text_ += text_.empty() ? "{" : ",";
+    text_ += json_string(key) + ":" + raw;
+    return *this;
+  }
+  JsonObject& str(const std::string& key, const std::string& value) {
+    return add(key, json_string(value));
+  }
+  JsonObject& boolean(const std::string& key, bool value) { return add(key, json_bool(value)); }
+  std::string done() const { return text_.empty() ? "{}" : text_ + "}"; }
+
+ private:
+  std::string text_;
+};
+
+std::string json_array(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
+  return out + "]";
+}
+
 struct CheckArgs {
   gqattn::Problem problem;
   gqattn::DType dtype = gqattn::DType::bf16;
   std::string backend = "all";
   uint64_t seed = 1;
   bool backward = true;
+  bool json = false;
 };
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
 
 CheckArgs parse_check(const std::vector<std::string>& args) {
   CheckArgs c;
@@ -120,14 +230,26 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
   p.window = 96;
   p.softcap = 30.0f;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (flag == "--forward-only") {
-      c.backward = false;
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0) throw UsageError{"unexpected argument '" + arg + "'"};
+    // --flag=value or --flag value.
+    const std::size_t eq = arg.find('=');
+    const std::string flag = arg.substr(0, eq);
+    if (flag == "--forward-only" || flag == "--json") {
+      if (eq != std::string::npos) throw UsageError{flag + " takes no value"};
+      if (flag == "--json")
+        c.json = true;
+      else
+        c.backward = false;
       continue;
     }
-    if (flag.rfind("--", 0) != 0) throw UsageError{"unexpected argument '" + flag + "'"};
-    if (i + 1 >= args.size()) throw UsageError{flag + " needs a value"};
-    const std::string& value = args[++i];
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else {
+      if (i + 1 >= args.size()) throw UsageError{flag + " needs a value"};
+      value = args[++i];
+    }
     if (flag == "--B")
       p.B = parse_int(flag, value);
     else if (flag == "--T")
@@ -163,6 +285,26 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
   return c;
 }
 
+// The problem as check and explain print it in JSON.
+std::string problem_json(const CheckArgs& c) {
+  const gqattn::Problem& p = c.problem;
+  return JsonObject()
+      .add("B", json_int(p.B))
+      .add("Tq", json_int(p.Tq))
+      .add("Tk", json_int(p.Tk))
+      .add("H", json_int(p.H))
+      .add("Hkv", json_int(p.Hkv))
+      .add("d", json_int(p.d))
+      .boolean("causal", p.causal)
+      .add("window", json_int(p.window))
+      .add("softcap", json_number(p.softcap))
+      .add("scale", json_number(p.effective_scale()))
+      .str("dtype", gqattn::dtype_name(c.dtype))
+      .add("seed", std::to_string(c.seed))
+      .boolean("backward", c.backward)
+      .done();
+}
+
 void print_report(const gqattn::check::Report& r) {
   const char* name = gqattn::backend_name(r.backend);
   if (!r.ran) {
@@ -179,7 +321,40 @@ void print_report(const gqattn::check::Report& r) {
               r.deterministic ? "deterministic" : "NOT deterministic", r.forward_ms, r.backward_ms);
 }
 
+// One line of JSON per backend: the Report's fields and the problem.
+void print_report_json(const gqattn::check::Report& r, const std::string& problem) {
+  std::vector<std::string> outputs;
+  for (const auto& m : r.metrics)
+    outputs.push_back(JsonObject()
+                          .str("name", m.name)
+                          .add("error", json_number(m.error))
+                          .add("tolerance", json_number(m.tolerance))
+                          .boolean("pass", m.pass)
+                          .str("note", m.note)
+                          .done());
+  const std::string line = JsonObject()
+                               .str("backend", gqattn::backend_name(r.backend))
+                               .boolean("ran", r.ran)
+                               .boolean("pass", r.ran && r.pass)
+                               .str("skipped", r.skipped)
+                               .str("backward_skipped", r.backward_skipped)
+                               .add("outputs", json_array(outputs))
+                               .boolean("deterministic", r.deterministic)
+                               .add("forward_ms", json_number(r.forward_ms))
+                               .add("backward_ms", json_number(r.backward_ms))
+                               .add("problem", problem)
+                               .done();
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
 int run_check(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kCheckUsage, stdout);
+    std::fputs(kFlags, stdout);
+    std::fputs(kExamples, stdout);
+    return 0;
+  }
   const CheckArgs c = parse_check(args);
   const gqattn::Problem& p = c.problem;
   std::vector<gqattn::Backend> backends;
@@ -205,12 +380,14 @@ int run_check(const std::vector<std::string>& args) {
     if (!why.supported) throw UsageError{why.reason};
   }
 
-  std::printf(
-      "problem: B=%lld Tq=%lld Tk=%lld H=%lld Hkv=%lld d=%lld causal=%d window=%lld "
-      "softcap=%g scale=%g dtype=%s seed=%llu\n\n",
-      (long long)p.B, (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv,
-      (long long)p.d, p.causal ? 1 : 0, (long long)p.window, double(p.softcap),
-      double(p.effective_scale()), gqattn::dtype_name(c.dtype), (unsigned long long)c.seed);
+  const std::string problem = c.json ? problem_json(c) : std::string();
+  if (!c.json)
+    std::printf(
+        "problem: B=%lld Tq=%lld Tk=%lld H=%lld Hkv=%lld d=%lld causal=%d window=%lld "
+        "softcap=%g scale=%g dtype=%s seed=%llu\n\n",
+        (long long)p.B, (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv,
+        (long long)p.d, p.causal ? 1 : 0, (long long)p.window, double(p.softcap),
+        double(p.effective_scale()), gqattn::dtype_name(c.dtype), (unsigned long long)c.seed);
   bool failed = false;
   int ran = 0;
   for (gqattn::Backend b : backends) {
@@ -220,6 +397,11 @@ int run_check(const std::vector<std::string>& args) {
     config.backend = b;
     config.seed = c.seed;
     config.backward = c.backward;
+    // Progress on stderr, so that a long check shows life and --json's
+    // stdout stays JSON only.
+    std::fflush(stdout);
+    std::fprintf(stderr, "checking %s ...\n", gqattn::backend_name(b));
+    std::fflush(stderr);
     gqattn::check::Report report;
     try {
       report = gqattn::check::run(config);
@@ -230,16 +412,25 @@ int run_check(const std::vector<std::string>& args) {
                    e.what());
       return kExitRuntime;
     }
-    print_report(report);
+    if (c.json)
+      print_report_json(report, problem);
+    else
+      print_report(report);
     ran += report.ran ? 1 : 0;
     failed = failed || (report.ran && !report.pass);
   }
-  std::printf("%s: %d backend(s) checked\n", failed ? "FAILED" : "all passed", ran);
+  if (!c.json) std::printf("%s: %d backend(s) checked\n", failed ? "FAILED" : "all passed", ran);
   return failed ? kExitFailed : 0;
 }
 
 // One line per backend and pass: the plan it would run, or why not.
 int run_explain(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kExplainUsage, stdout);
+    std::fputs(kFlags, stdout);
+    std::fputs(kExamples, stdout);
+    return 0;
+  }
   const CheckArgs c = parse_check(args);
   std::vector<gqattn::Backend> backends;
   if (c.backend == "all") {
@@ -254,6 +445,7 @@ int run_explain(const std::vector<std::string>& args) {
   if (!cpu_view.supported) throw UsageError{cpu_view.reason};
   std::string why_none;
   const bool have_gpu = !gqattn::cuda_devices(&why_none).empty();
+  std::vector<std::string> entries;
   const gqattn::Pass passes[] = {gqattn::Pass::forward, gqattn::Pass::backward};
   for (gqattn::Pass pass : passes) {
     if (pass == gqattn::Pass::backward && !c.backward) break;
@@ -262,6 +454,18 @@ int run_explain(const std::vector<std::string>& args) {
       const bool on_cpu = b == gqattn::Backend::Cpu || (b == gqattn::Backend::Auto && !have_gpu);
       const gqattn::Explanation e = gqattn::explain(
           c.problem, c.dtype, on_cpu ? gqattn::Device::cpu : gqattn::Device::cuda, b, pass);
+      if (c.json) {
+        entries.push_back(JsonObject()
+                              .str("pass", pass_name)
+                              .str("backend", gqattn::backend_name(b))
+                              .str("device", on_cpu ? "cpu" : "cuda")
+                              .boolean("supported", e.supported)
+                              .str("chosen", e.supported ? gqattn::backend_name(e.chosen) : "")
+                              .str("plan", e.supported ? e.plan : "")
+                              .str("reason", e.supported ? "" : e.reason)
+                              .done());
+        continue;
+      }
       std::string line = e.supported ? "runs" : "no: " + e.reason;
       if (e.supported && b == gqattn::Backend::Auto)
         line += std::string(" on ") + gqattn::backend_name(e.chosen);
@@ -269,26 +473,71 @@ int run_explain(const std::vector<std::string>& args) {
       std::printf("%-8s %-13s %s\n", pass_name, gqattn::backend_name(b), line.c_str());
     }
   }
+  if (c.json)
+    std::printf("%s\n", JsonObject()
+                            .add("problem", problem_json(c))
+                            .add("explanations", json_array(entries))
+                            .done()
+                            .c_str());
   return 0;
 }
 
-int run_info() {
+int run_info(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kInfoUsage, stdout);
+    return 0;
+  }
+  bool json = false;
+  for (const auto& a : args) {
+    if (a != "--json") throw UsageError{"info takes only --json and --help, got '" + a + "'"};
+    json = true;
+  }
   const gqattn::BuildInfo build = gqattn::build_info();
+  std::string why_none;
+  const auto devices = gqattn::cuda_devices(&why_none);
+  const auto statuses = gqattn::backend_status();
+  if (json) {
+    std::vector<std::string> devs, backends;
+    for (const auto& d : devices)
+      devs.push_back(JsonObject()
+                         .add("index", json_int(d.index))
+                         .str("name", d.name)
+                         .str("sm", std::to_string(d.cc_major) + std::to_string(d.cc_minor))
+                         .add("multiprocessors", json_int(d.multiprocessors))
+                         .add("memory_bytes", std::to_string(d.memory_bytes))
+                         .done());
+    for (const auto& s : statuses)
+      backends.push_back(JsonObject()
+                             .str("name", gqattn::backend_name(s.backend))
+                             .boolean("compiled", s.compiled)
+                             .boolean("available", s.available)
+                             .str("reason", s.reason)
+                             .done());
+    std::printf("%s\n", JsonObject()
+                            .str("version", build.version)
+                            .boolean("cuda_compiled", build.cuda_compiled)
+                            .str("cuda_runtime", build.cuda_runtime)
+                            .str("cuda_architectures", build.cuda_architectures)
+                            .add("cuda_devices", json_array(devs))
+                            .str("cuda_devices_why_none", devices.empty() ? why_none : "")
+                            .add("backends", json_array(backends))
+                            .done()
+                            .c_str());
+    return 0;
+  }
   std::printf("gqattn %s\n", build.version.c_str());
   if (build.cuda_compiled)
     std::printf("cuda: compiled, runtime %s, architectures %s\n", build.cuda_runtime.c_str(),
                 build.cuda_architectures.c_str());
   else
     std::printf("cuda: not compiled (nvcc was not found at configure time)\n");
-  std::string why_none;
-  const auto devices = gqattn::cuda_devices(&why_none);
   if (devices.empty()) std::printf("cuda devices: none (%s)\n", why_none.c_str());
   for (const auto& d : devices)
     std::printf("cuda device %d: %s, sm_%d%d, %d SMs, %.1f GiB\n", d.index, d.name.c_str(),
                 d.cc_major, d.cc_minor, d.multiprocessors,
                 double(d.memory_bytes) / (1024.0 * 1024.0 * 1024.0));
   std::printf("backends:\n");
-  for (const auto& s : gqattn::backend_status())
+  for (const auto& s : statuses)
     std::printf("  %-13s %s%s%s\n", gqattn::backend_name(s.backend),
                 s.available ? "available" : (s.compiled ? "compiled, unavailable" : "unavailable"),
                 s.reason.empty() ? "" : ": ", s.reason.c_str());
@@ -302,18 +551,22 @@ int main(int argc, char** argv) {
   try {
     if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
       std::fputs(kHelp, stdout);
+      std::fputs(kFlags, stdout);
+      std::fputs(kExamples, stdout);
       return args.empty() ? kExitUsage : 0;
     }
     const std::string command = args[0];
     args.erase(args.begin());
+    if (command == "--version" || command == "-V" || command == "version") {
+      if (!args.empty()) throw UsageError{command + " takes no arguments"};
+      std::printf("gqattn %s\n", gqattn::build_info().version.c_str());
+      return 0;
+    }
     if (command == "check") return run_check(args);
     if (command == "explain") return run_explain(args);
-    if (command == "info") {
-      if (!args.empty()) throw UsageError{"info takes no arguments"};
-      return run_info();
-    }
+    if (command == "info") return run_info(args);
     throw UsageError{"unknown command '" + command +
-                     "' (commands: check, explain, info; see --help)"};
+                     "' (commands: check, explain, info, version; see --help)"};
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gqattn: %s\n", e.message.c_str());
     return kExitUsage;
