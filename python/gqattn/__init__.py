@@ -13,11 +13,16 @@ Layouts (last dimension contiguous, other strides free)::
     k, v, dk, dv : [B, Tk, Hkv, d]    the dtype of q; H % Hkv == 0
     lse          : [B, H, Tq]         float32 (natural log)
 
+``release_workspace_memory()`` returns the CUDA backends' retained
+workspace (up to 1 GiB per device, invisible to PyTorch's caching allocator)
+to the driver; a no-op without CUDA.
+
 Checked by python/tests/ (pytest).
 """
 
 from . import _ext
-from ._ext import Error, backend_status, backward, build_info, cuda_devices, forward
+from ._ext import (Error, backend_status, backward, build_info, cuda_devices, forward,
+                   release_workspace_memory)
 
 __all__ = [
     "Error",
@@ -27,6 +32,7 @@ __all__ = [
     "backend_status",
     "build_info",
     "cuda_devices",
+    "release_workspace_memory",
     "oracle_forward",
     "oracle_backward",
     "__version__",
@@ -101,9 +107,11 @@ def oracle_backward(q, k, v, do, *, causal=False, window=0, softcap=0.0, scale=N
 
 
 def __getattr__(name):
-    # `gqattn.torch` without importing it first; torch stays optional and
+    # `gqattn.torch` (and the drop-ins `gqattn.flash_attn_interface`, the
+    # FlashAttention-3 signature, and `gqattn.hf`, Hugging Face's attention
+    # interface) without importing them first; torch stays optional and
     # `import gqattn` stays fast for users who never touch it.
-    if name == "torch":
+    if name in ("torch", "flash_attn_interface", "hf"):
         import importlib
 
         return importlib.import_module(".torch", __name__)

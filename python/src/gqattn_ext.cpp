@@ -514,4 +514,10 @@ NB_MODULE(_ext, m) {
         "{'version', 'cuda_compiled', 'cuda_architectures', 'cuda_runtime'}.");
   m.def("cuda_devices", &cuda_devices,
         "CUDA devices visible now: {'devices': [...], 'why_none': str}.");
+  m.def("release_workspace_memory", &gqattn::release_workspace_memory,
+        "Return the CUDA backends' retained workspace (up to 1 GiB per device, kept mapped "
+        "for reuse; PyTorch's caching allocator does not see it) to the driver. Workspace of "
+        "calls the host has not yet seen complete (no stream, event or device "
+        "synchronisation) may stay. A no-op without CUDA or before any CUDA call; later "
+        "calls fill the pools again. Raises gqattn.Error if the CUDA runtime fails.");
 }
