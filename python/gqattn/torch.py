@@ -8,6 +8,10 @@ traces under ``torch.compile(fullgraph=True)`` without graph breaks.
 
 ``flash_attn_func(...)`` takes FlashAttention-2's arguments and maps them onto
 ``attention`` (what cannot be mapped raises ValueError saying what can).
+``scaled_dot_product_attention(...)`` takes torch SDPA's arguments and
+``[B, H, T, d]`` layout. FlashAttention-3's signature is in
+``gqattn.flash_attn_interface``, Hugging Face's attention interface in
+``gqattn.hf``.
 
 Checked by python/tests/test_torch.py: against torch's math SDPA and explicit
 f64 math, gradcheck, opcheck and torch.compile on the CPU; the CUDA tests
@@ -23,7 +27,7 @@ from torch import Tensor
 from . import _ext
 from ._ext import Error
 
-__all__ = ["attention", "flash_attn_func", "Error"]
+__all__ = ["attention", "flash_attn_func", "scaled_dot_product_attention", "Error"]
 
 _Q_DIMS = "[B, Tq, H, d]"
 _KV_DIMS = "[B, Tk, Hkv, d]"
@@ -208,7 +212,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, window: int
     return (o, lse) if return_lse else o
 
 
-def _window_from_flash(window_size: Sequence[int], causal: bool) -> Tuple[bool, int]:
+def _window_from_flash(window_size: Sequence[int], causal: bool,
+                       caller: str = "gqattn.flash_attn_func") -> Tuple[bool, int]:
     """FlashAttention's (left, right) window as gqattn's (causal, window).
 
     FlashAttention keeps key j for query i iff
@@ -223,12 +228,12 @@ def _window_from_flash(window_size: Sequence[int], causal: bool) -> Tuple[bool, 
     try:
         left, right = (int(x) for x in window_size)
     except (TypeError, ValueError):
-        raise ValueError(f"gqattn.flash_attn_func: window_size={window_size!r} must be a pair "
+        raise ValueError(f"{caller}: window_size={window_size!r} must be a pair "
                          f"of ints (left, right); {supported}") from None
     if left < -1 or right < -1 or right > 0 or (causal and right == -1 and left != -1):
         # With causal=True, FlashAttention reads (left, -1) as (left, 0);
         # rather than guess whether that was meant, ask for (left, 0).
-        raise ValueError(f"gqattn.flash_attn_func: window_size=({left}, {right}) with "
+        raise ValueError(f"{caller}: window_size=({left}, {right}) with "
                          f"causal={causal} is not supported; {supported}")
     window = 0 if left == -1 else left + 1
     # right == 0 is the causal bound whether or not causal was passed.
@@ -239,12 +244,18 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
                     softmax_scale: Optional[float] = None, causal: bool = False,
                     window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = True,
-                    return_attn_probs: bool = False) -> Tensor:
+                    return_attn_probs: bool = False):
     """FlashAttention-2's ``flash_attn_func``, run by gqattn.
 
     Same layout (q ``[B, Tq, H, d]``, k/v ``[B, Tk, Hkv, d]``), GQA rule,
     bottom-right causal alignment, softmax_scale and softcap as FlashAttention;
-    returns ``out`` only. Also takes float32 (FlashAttention: fp16/bf16 only).
+    returns ``out``, or with ``return_attn_probs=True`` the triple
+    ``(out, softmax_lse, None)`` as FlashAttention-2 returns it:
+    ``softmax_lse`` is ``[B, H, Tq]`` float32, the natural log-sum-exp of each
+    row's scaled (and soft-capped) kept scores (-inf for a row with no kept
+    key; not differentiable); the third item, FlashAttention's attention
+    probabilities ``S_dmask``, is always None: gqattn never materialises
+    them. Also takes float32 (FlashAttention: fp16/bf16 only).
 
     window_size=(left, right) maps onto gqattn's window (keys kept per query,
     self included):
@@ -255,7 +266,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     A right window > 0 has no gqattn equivalent and raises ValueError.
 
     Not supported (ValueError): dropout_p != 0 (gqattn has no attention
-    dropout), alibi_slopes, return_attn_probs=True. deterministic defaults to
+    dropout), alibi_slopes. deterministic defaults to
     True here (gqattn's default); False permits non-deterministic paths (e.g.
     cuda-flash's backward adds dQ with atomics, as FlashAttention does by
     default).
@@ -265,10 +276,60 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
                          "gqattn has no attention dropout; pass dropout_p=0.0")
     if alibi_slopes is not None:
         raise ValueError("gqattn.flash_attn_func: alibi_slopes is not supported; pass None")
-    if return_attn_probs:
-        raise ValueError("gqattn.flash_attn_func: return_attn_probs=True is not supported: "
-                         "gqattn never materialises P; use gqattn.torch.attention(..., "
-                         "return_lse=True) for the log-sum-exp")
     causal, window = _window_from_flash(window_size, bool(causal))
-    return attention(q, k, v, causal=causal, window=window, softcap=softcap,
-                     scale=softmax_scale, deterministic=deterministic)
+    result = attention(q, k, v, causal=causal, window=window, softcap=softcap,
+                       scale=softmax_scale, deterministic=deterministic,
+                       return_lse=bool(return_attn_probs))
+    if return_attn_probs:
+        out, lse = result
+        return out, lse, None  # FlashAttention-2's (out, softmax_lse, S_dmask); no S_dmask
+    return result
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention``'s signature and
+    ``[B, H, T, d]`` layout, run by gqattn (differentiable, compilable).
+
+    query ``[B, H, Tq, d]``; key, value ``[B, Hkv, Tk, d]``; returns
+    ``[B, H, Tq, d]`` in query's dtype. The inputs are passed to gqattn as
+    ``transpose(1, 2)`` views (no copy unless the last dimension is not
+    contiguous), and the result is gqattn's ``[B, Tq, H, d]`` output
+    transposed back: a view, not contiguous (call ``.contiguous()`` if you
+    need that). Only 4-D tensors (SDPA also takes other batch ranks).
+
+    With ``enable_gqa=True``, ``H`` may be a multiple of ``Hkv`` (query head h
+    reads kv head ``h // (H // Hkv)``, as SDPA); without it, ``H != Hkv``
+    raises as SDPA does. ``scale`` defaults to ``1/sqrt(d)``.
+
+    Not supported (ValueError, "not supported: <reason>"): ``attn_mask``
+    (gqattn takes only causal and sliding-window masks: use ``attention``);
+    ``dropout_p != 0``; ``is_causal=True`` with ``Tq != Tk``: SDPA's causal
+    mask is top-left aligned (key j kept for query i iff ``j <= i``) and
+    gqattn's bottom-right (``j <= i + Tk - Tq``); they agree when Tq == Tk.
+    """
+    name = "gqattn.torch.scaled_dot_product_attention"
+    if attn_mask is not None:
+        raise ValueError(f"{name}: attn_mask is not supported: gqattn applies only causal and "
+                         "sliding-window masks; pass attn_mask=None (is_causal=True for the "
+                         "causal mask), or use gqattn.torch.attention(..., causal, window)")
+    if dropout_p != 0.0:
+        raise ValueError(f"{name}: dropout_p={dropout_p} is not supported: gqattn has no "
+                         "attention dropout; pass dropout_p=0.0")
+    for t, n in ((query, "query"), (key, "key"), (value, "value")):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {n}.dim() = {t.dim()} is not supported: gqattn takes "
+                             "4-D [B, H, T, d] tensors only")
+    Tq, Tk = query.shape[2], key.shape[2]
+    if is_causal and Tq != Tk:
+        raise ValueError(f"{name}: is_causal=True with Tq = {Tq} != Tk = {Tk} is not "
+                         "supported: SDPA's is_causal is top-left aligned; gqattn aligns "
+                         "bottom-right (equal for Tq == Tk)")
+    if not enable_gqa and query.shape[1] != key.shape[1]:
+        raise ValueError(f"{name}: query has {query.shape[1]} heads and key {key.shape[1]}: "
+                         "pass enable_gqa=True for grouped-query attention (as SDPA requires)")
+    o = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                  causal=bool(is_causal), scale=scale)
+    return o.transpose(1, 2)
