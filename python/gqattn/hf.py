@@ -30,7 +30,10 @@ a KV cache) and sliding-window masks, so the rule is conservative:
 "gqattn" with ``AttentionMaskInterface``, so models hand this function
 ``None`` when nothing is padded and a 2-D padding mask otherwise (which then
 raises) instead of building a 4-D mask per layer, and padded batches can
-never be ignored silently.
+never be ignored silently. Register through ``register()``, not
+``AttentionInterface.register`` alone: for an implementation with no mask
+function, transformers passes ``attention_mask=None`` even for padded
+batches, which this function cannot tell from an unpadded one.
 
 Checked by python/tests/test_dropins.py (skipped without transformers).
 """

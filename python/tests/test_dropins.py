@@ -1,4 +1,4 @@
-"""The drop-ins: gqattn.release_workspace_memory, FlashAttention-2's
+"""The drop-ins: FlashAttention-2's
 return_attn_probs, FlashAttention-3's flash_attn_func
 (gqattn.flash_attn_interface), SDPA's layout
 (gqattn.torch.scaled_dot_product_attention) and Hugging Face's attention
@@ -13,13 +13,7 @@ import pytest
 
 import gqattn
 
-
-def test_release_workspace_memory_is_bound_and_exported():
-    assert "release_workspace_memory" in gqattn.__all__
-    # A no-op without CUDA or before any CUDA call; callable twice.
-    assert gqattn.release_workspace_memory() is None
-    assert gqattn.release_workspace_memory() is None
-
+# gqattn.release_workspace_memory needs no torch: python/tests/test_workspace.py.
 
 torch = pytest.importorskip("torch", reason="the drop-ins are PyTorch functions; torch is "
                             "not installed")
