@@ -333,7 +333,6 @@ def test_flash_attn_func_window_mapping(window_size, causal, expect):
     (dict(window_size=(-2, 0)), r"not supported; supported: window_size=\(-1, -1\)"),
     (dict(window_size=5), r"must be a pair of ints"),
     (dict(dropout_p=0.1), r"dropout_p=0.1 is not supported"),
-    (dict(return_attn_probs=True), r"return_attn_probs=True is not supported"),
     (dict(alibi_slopes=torch.ones(4)), r"alibi_slopes is not supported"),
 ])
 def test_flash_attn_func_unsupported(kwargs, match):
