@@ -11,6 +11,7 @@
 // Every test skips, saying why, without a usable CUDA device.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <iomanip>
 #include <sstream>
 #include <string>
@@ -414,6 +415,14 @@ TEST(Unfused, RefusesProblemWhosePDoesNotFit) {
     return t;
   };
   const TensorRef q = ref(4, q_shape(p)), kv = ref(4, kv_shape(p)), lse = ref(3, lse_shape(p));
+  // Outputs may share no byte with another argument (validation checks it
+  // before any backend), so each output claims its own address range, 2^40
+  // bytes apart (every tensor here spans less): never dereferenced, since
+  // the backend refuses the problem before touching any tensor.
+  auto elsewhere = [&](TensorRef t, int slot) {
+    t.data = static_cast<char*>(buffer.get()) + (std::uintptr_t{1} << 40) * std::uintptr_t(slot);
+    return t;
+  };
   const gqattn::Options options = options_for(Backend::CudaUnfused);
   auto expect_refusal = [](const gqattn::Error& e) {
     const std::string what = e.what();
@@ -424,13 +433,14 @@ TEST(Unfused, RefusesProblemWhosePDoesNotFit) {
     EXPECT_NE(what.find("use cuda-flash or cpu"), std::string::npos) << what;
   };
   try {
-    gqattn::forward(p, q, kv, kv, q, lse, options);
+    gqattn::forward(p, q, kv, kv, elsewhere(q, 1), elsewhere(lse, 2), options);
     ADD_FAILURE() << "forward ran a problem whose P cannot fit";
   } catch (const gqattn::Error& e) {
     expect_refusal(e);
   }
   try {
-    gqattn::backward(p, q, kv, kv, q, lse, q, q, kv, kv, options);
+    gqattn::backward(p, q, kv, kv, q, lse, q, elsewhere(q, 1), elsewhere(kv, 2), elsewhere(kv, 3),
+                     options);
     ADD_FAILURE() << "backward ran a problem whose P cannot fit";
   } catch (const gqattn::Error& e) {
     expect_refusal(e);
