@@ -26,6 +26,17 @@ void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, co
               const TensorRef& o, const TensorRef& lse, const TensorRef& dout, const TensorRef& dq,
               const TensorRef& dk, const TensorRef& dv, const Options& options = {});
 
+// A varlen batch (Problem::varlen, docs/semantics.md): the same passes over
+// packed tensors, q [total_q, H, d], k, v [total_k, Hkv, d], lse [H, total_q],
+// sequence b being the dense problem of its own lengths.
+void forward(const Problem& problem, const VarlenOffsets& offsets, const TensorRef& q,
+             const TensorRef& k, const TensorRef& v, const TensorRef& o, const TensorRef& lse,
+             const Options& options = {});
+void backward(const Problem& problem, const VarlenOffsets& offsets, const TensorRef& q,
+              const TensorRef& k, const TensorRef& v, const TensorRef& o, const TensorRef& lse,
+              const TensorRef& dout, const TensorRef& dq, const TensorRef& dk, const TensorRef& dv,
+              const Options& options = {});
+
 // Whether `backend` can run `pass` of `problem` with tensors of `dtype` on
 // `device`, and how. For Backend::Auto, `chosen` names the backend Auto
 // would pick. `options` matters where the plan depends on it

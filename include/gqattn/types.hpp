@@ -22,9 +22,9 @@ enum class Pass { forward, backward };
 
 // A view of caller-owned memory. Strides are in elements; the last dimension
 // must be contiguous (stride 1), the others are free.
-//   q, o, do, dq : rank 4, [B, Tq, H, d]
-//   k, v, dk, dv : rank 4, [B, Tk, Hkv, d]
-//   lse          : rank 3, [B, H, Tq], always f32
+//   q, o, do, dq : rank 4, [B, Tq, H, d]       varlen: rank 3, [total_q, H, d]
+//   k, v, dk, dv : rank 4, [B, Tk, Hkv, d]     varlen: rank 3, [total_k, Hkv, d]
+//   lse          : rank 3, [B, H, Tq], f32     varlen: rank 2, [H, total_q], f32
 struct TensorRef {
   void* data = nullptr;
   DType dtype = DType::f32;
@@ -51,19 +51,56 @@ struct Problem {
   int64_t window = 0;          // keys kept per query, self included; 0 = no window
   float softcap = 0.0f;        // s = softcap * tanh(s / softcap) when > 0; 0 = off
   std::optional<float> scale;  // default 1/sqrt(d)
+  // Where the queries sit among the keys: query i at position q_start + i,
+  // key j at position j; causal keeps j <= q_start + i, the window keeps
+  // j >= q_start + i - window + 1. Unset: Tk - Tq (bottom-right aligned;
+  // in a varlen batch, each sequence's own Tk_b - Tq_b). 0 is PyTorch
+  // SDPA's top-left alignment. Any value, negative or past Tk, is allowed.
+  std::optional<int64_t> q_start;
+  // A packed variable-length batch (docs/semantics.md, "Variable-length
+  // batches"): B sequences whose rows are packed one after another, the
+  // sequence offsets passed beside the tensors (VarlenOffsets); Tq and Tk
+  // are then the longest sequence's lengths (max_seqlen_q, max_seqlen_k),
+  // bounds the offsets must keep.
+  bool varlen = false;
 
   float effective_scale() const;
+  // q_start, or its default Tk - Tq (of a dense problem; a varlen batch's
+  // sequences default to their own lengths).
+  int64_t query_start() const;
   // (query, key) pairs that the mask keeps in one (batch, head), exactly
   // (docs/semantics.md): the FLOP count of a pass is proportional to it.
   int64_t kept_pairs() const;
   // The window as the mask uses it: 0 (no window) when window == 0 or
-  // window >= Tk, else window. An identity of the mask rule, not a new rule:
-  // key j is kept iff j >= i + Tk - Tq - window + 1, and i + Tk - Tq <= Tk - 1
-  // for every query i, so a window of Tk or more keeps every key on the left,
-  // as no window does. Every backend and the oracle read the window through
-  // this, which also keeps pos - window + 1 far from overflow (a window near
-  // INT64_MAX, e.g. Python's sys.maxsize for "no window", becomes 0).
+  // window >= query_start() + Tq, else window. An identity of the mask
+  // rule, not a new rule: key j is kept iff j >= q_start + i - window + 1,
+  // and q_start + i <= q_start + Tq - 1 for every query i, so a window of
+  // q_start + Tq or more keeps every key on the left, as no window does.
+  // Every backend and the oracle read the window through this (per
+  // sequence in a varlen batch: window_of), which also keeps pos - window + 1
+  // far from overflow (a window near INT64_MAX, e.g. Python's sys.maxsize
+  // for "no window", becomes 0).
   int64_t effective_window() const;
+};
+
+// Sequence offsets of a varlen batch: an int32 vector in caller memory
+// (contiguous), on the device of the tensors.
+struct OffsetsRef {
+  const int32_t* data = nullptr;
+  Device device = Device::cpu;
+  int64_t size = 0;
+};
+
+// The offsets of a varlen batch of B sequences. Sequence b owns query rows
+// cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 and key rows cu_seqlens_k[b] ..
+// cu_seqlens_k[b + 1] - 1; both are non-decreasing, start at 0 and end at
+// total_q, total_k, and no sequence is longer than the problem's Tq, Tk.
+// seqused_k (optional, data == nullptr: none): sequence b uses only its
+// first seqused_k[b] keys, as if it had that many.
+struct VarlenOffsets {
+  OffsetsRef cu_seqlens_q;  // [B + 1]
+  OffsetsRef cu_seqlens_k;  // [B + 1]
+  OffsetsRef seqused_k;     // [B] or absent
 };
 
 // A problem of B sequences of Tq queries and Tk keys, H query heads over
@@ -90,6 +127,13 @@ struct Options {
   // The threads are started once and reused by later calls. CUDA backends
   // ignore it.
   int num_threads = 0;
+  // Varlen batches: whether offsets in device memory are copied to the host
+  // and checked before the call (a synchronisation with the stream, not
+  // allowed under CUDA graph capture). Offsets in host memory are always
+  // checked. Unchecked, the kernels clamp every index they derive from the
+  // offsets: wrong offsets can give wrong numbers, never a read or write
+  // outside the tensors.
+  bool check_offsets = true;
 };
 
 }  // namespace gqattn

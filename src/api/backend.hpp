@@ -7,24 +7,49 @@
 // describe_plan and the pass itself all read that one plan.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gqattn/types.hpp"
 
 namespace gqattn::detail {
 
+// A varlen batch's offsets copied to the host and checked (api/varlen.cpp).
+struct HostOffsets {
+  std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
+  std::vector<int32_t> seqused_k;  // empty: none
+  // Sequence b's keys: seqused_k[b] when given, else its packed key rows.
+  int64_t tk(int64_t b) const {
+    return seqused_k.empty() ? cu_seqlens_k[b + 1] - cu_seqlens_k[b] : seqused_k[b];
+  }
+  int64_t tq(int64_t b) const { return cu_seqlens_q[b + 1] - cu_seqlens_q[b]; }
+};
+
 // Arguments after validation: shapes agree with the problem, pointers are
 // non-null and aligned to their element, and problem.scale holds a value.
+// A varlen batch (problem.varlen) arrives with its packed tensors as
+// batches of one: q, o [1, total_q, H, d], k, v [1, total_k, Hkv, d], lse
+// [1, H, total_q], batch stride 0, so that row r of a [B, T, heads, d]
+// tensor is addressed alike in both; sequence b's rows start at
+// offsets.cu_seqlens_q[b] (fused/sequence.hpp on the device).
+// host_offsets holds the checked host copy when dispatch read the offsets
+// (host memory, Options::check_offsets, or a backend that needs_host_offsets),
+// else null.
 struct ForwardArgs {
   Problem problem;
   TensorRef q, k, v, o, lse;  // lse.data may be null (not written)
   Options options;
+  VarlenOffsets offsets = {};
+  const HostOffsets* host_offsets = nullptr;
 };
 
 struct BackwardArgs {
   Problem problem;
   TensorRef q, k, v, o, lse, dout, dq, dk, dv;
   Options options;
+  VarlenOffsets offsets = {};
+  const HostOffsets* host_offsets = nullptr;
 };
 
 class BackendImpl {
@@ -58,6 +83,9 @@ class BackendImpl {
     (void)options;
     return "";
   }
+  // Whether this backend reads a varlen batch's offsets on the host (then
+  // dispatch copies and checks them whatever Options::check_offsets says).
+  virtual bool needs_host_offsets() const { return false; }
   virtual void forward(const ForwardArgs& args) const = 0;
   virtual void backward(const BackwardArgs& args) const = 0;
 };

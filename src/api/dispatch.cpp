@@ -4,11 +4,13 @@
 // explicit choice.
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "api/backend.hpp"
 #include "api/validate.hpp"
+#include "api/varlen.hpp"
 #include "gqattn/attention.hpp"
 #include "gqattn/error.hpp"
 
@@ -90,38 +92,112 @@ Problem resolved(const Problem& problem) {
 }  // namespace
 }  // namespace detail
 
-void forward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,
-             const TensorRef& o, const TensorRef& lse, const Options& options) {
-  using namespace detail;
+namespace detail {
+namespace {
+
+// The rule both overloads of a pass share: the dense ones take no offsets,
+// the varlen ones need them.
+void require_layout(const Problem& problem, bool varlen_call) {
+  if (problem.varlen && !varlen_call)
+    throw Error("problem.varlen = true",
+                "needs the sequence offsets: call the overload that takes VarlenOffsets");
+  if (!problem.varlen && varlen_call)
+    throw Error("problem.varlen = false",
+                "must be true for a call with sequence offsets (a packed batch)");
+}
+
+// The offsets of a varlen call: shape rules always; the values, copied to
+// the host and checked, when they live there, when asked to
+// (Options::check_offsets), or when the backend reads them on the host.
+std::optional<HostOffsets> offsets_for(const Problem& problem, const VarlenOffsets& offsets,
+                                       const TensorRef& q, const TensorRef& k,
+                                       const BackendImpl& impl, const Options& options) {
+  validate_offsets_shape(problem, offsets, q.device);
+  const bool read = q.device == Device::cpu || options.check_offsets || impl.needs_host_offsets();
+  if (!read) return std::nullopt;
+  HostOffsets host = read_offsets(offsets, options.stream);
+  check_offsets(problem, host, q.shape[0], k.shape[0]);
+  return host;
+}
+
+void run_forward(const Problem& problem, const VarlenOffsets* offsets, const TensorRef& q,
+                 const TensorRef& k, const TensorRef& v, const TensorRef& o, const TensorRef& lse,
+                 const Options& options) {
+  require_layout(problem, offsets != nullptr);
   validate_problem(problem);
   validate_tensor(problem, Role::q, q, q.dtype, q.device);
   validate_tensor(problem, Role::k, k, q.dtype, q.device);
-  validate_tensor(problem, Role::v, v, q.dtype, q.device);
-  validate_tensor(problem, Role::o, o, q.dtype, q.device);
-  validate_tensor(problem, Role::lse, lse, q.dtype, q.device, /*required=*/false);
-  validate_forward_memory(q, k, v, o, lse);
+  const PackedTotals totals{q.shape[0], k.shape[0]};
+  validate_tensor(problem, Role::v, v, q.dtype, q.device, true, totals);
+  validate_tensor(problem, Role::o, o, q.dtype, q.device, true, totals);
+  validate_tensor(problem, Role::lse, lse, q.dtype, q.device, /*required=*/false, totals);
+  if (offsets == nullptr) {
+    validate_forward_memory(q, k, v, o, lse);
+  } else {
+    validate_offsets_shape(problem, *offsets, q.device);
+    const TensorRef cu_q = offsets_tensor(offsets->cu_seqlens_q);
+    const TensorRef cu_k = offsets_tensor(offsets->cu_seqlens_k);
+    const TensorRef used = offsets_tensor(offsets->seqused_k);
+    validate_no_overlap({{"o", &o, true},
+                         {"lse", &lse, true},
+                         {"q", &q, false},
+                         {"k", &k, false},
+                         {"v", &v, false},
+                         {"cu_seqlens_q", &cu_q, false},
+                         {"cu_seqlens_k", &cu_k, false},
+                         {"seqused_k", &used, false}});
+  }
   const BackendImpl* impl =
       choose_or_throw(problem, q.dtype, q.device, options.backend, Pass::forward);
   require_tensors(*impl, Pass::forward,
                   {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}});
-  impl->forward(ForwardArgs{resolved(problem), q, k, v, o, lse, options});
+  if (offsets == nullptr) {
+    impl->forward(ForwardArgs{resolved(problem), q, k, v, o, lse, options});
+    return;
+  }
+  const std::optional<HostOffsets> host = offsets_for(problem, *offsets, q, k, *impl, options);
+  const TensorRef no_lse = {};
+  impl->forward(ForwardArgs{resolved(problem), batch_of_one(q), batch_of_one(k), batch_of_one(v),
+                            batch_of_one(o), lse.data ? batch_of_one(lse) : no_lse, options,
+                            *offsets, host ? &*host : nullptr});
 }
 
-void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,
-              const TensorRef& o, const TensorRef& lse, const TensorRef& dout, const TensorRef& dq,
-              const TensorRef& dk, const TensorRef& dv, const Options& options) {
-  using namespace detail;
+void run_backward(const Problem& problem, const VarlenOffsets* offsets, const TensorRef& q,
+                  const TensorRef& k, const TensorRef& v, const TensorRef& o, const TensorRef& lse,
+                  const TensorRef& dout, const TensorRef& dq, const TensorRef& dk,
+                  const TensorRef& dv, const Options& options) {
+  require_layout(problem, offsets != nullptr);
   validate_problem(problem);
   validate_tensor(problem, Role::q, q, q.dtype, q.device);
   validate_tensor(problem, Role::k, k, q.dtype, q.device);
-  validate_tensor(problem, Role::v, v, q.dtype, q.device);
-  validate_tensor(problem, Role::o, o, q.dtype, q.device);
-  validate_tensor(problem, Role::lse, lse, q.dtype, q.device);
-  validate_tensor(problem, Role::dout, dout, q.dtype, q.device);
-  validate_tensor(problem, Role::dq, dq, q.dtype, q.device);
-  validate_tensor(problem, Role::dk, dk, q.dtype, q.device);
-  validate_tensor(problem, Role::dv, dv, q.dtype, q.device);
-  validate_backward_memory(q, k, v, o, lse, dout, dq, dk, dv);
+  const PackedTotals totals{q.shape[0], k.shape[0]};
+  validate_tensor(problem, Role::v, v, q.dtype, q.device, true, totals);
+  validate_tensor(problem, Role::o, o, q.dtype, q.device, true, totals);
+  validate_tensor(problem, Role::lse, lse, q.dtype, q.device, true, totals);
+  validate_tensor(problem, Role::dout, dout, q.dtype, q.device, true, totals);
+  validate_tensor(problem, Role::dq, dq, q.dtype, q.device, true, totals);
+  validate_tensor(problem, Role::dk, dk, q.dtype, q.device, true, totals);
+  validate_tensor(problem, Role::dv, dv, q.dtype, q.device, true, totals);
+  if (offsets == nullptr) {
+    validate_backward_memory(q, k, v, o, lse, dout, dq, dk, dv);
+  } else {
+    validate_offsets_shape(problem, *offsets, q.device);
+    const TensorRef cu_q = offsets_tensor(offsets->cu_seqlens_q);
+    const TensorRef cu_k = offsets_tensor(offsets->cu_seqlens_k);
+    const TensorRef used = offsets_tensor(offsets->seqused_k);
+    validate_no_overlap({{"dq", &dq, true},
+                         {"dk", &dk, true},
+                         {"dv", &dv, true},
+                         {"q", &q, false},
+                         {"k", &k, false},
+                         {"v", &v, false},
+                         {"o", &o, false},
+                         {"lse", &lse, false},
+                         {"do", &dout, false},
+                         {"cu_seqlens_q", &cu_q, false},
+                         {"cu_seqlens_k", &cu_k, false},
+                         {"seqused_k", &used, false}});
+  }
   const BackendImpl* impl =
       choose_or_throw(problem, q.dtype, q.device, options.backend, Pass::backward);
   require_tensors(*impl, Pass::backward,
@@ -134,7 +210,42 @@ void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, co
                    {"dq", &dq},
                    {"dk", &dk},
                    {"dv", &dv}});
-  impl->backward(BackwardArgs{resolved(problem), q, k, v, o, lse, dout, dq, dk, dv, options});
+  if (offsets == nullptr) {
+    impl->backward(BackwardArgs{resolved(problem), q, k, v, o, lse, dout, dq, dk, dv, options});
+    return;
+  }
+  const std::optional<HostOffsets> host = offsets_for(problem, *offsets, q, k, *impl, options);
+  impl->backward(BackwardArgs{resolved(problem), batch_of_one(q), batch_of_one(k),
+                              batch_of_one(v), batch_of_one(o), batch_of_one(lse),
+                              batch_of_one(dout), batch_of_one(dq), batch_of_one(dk),
+                              batch_of_one(dv), options, *offsets, host ? &*host : nullptr});
+}
+
+}  // namespace
+}  // namespace detail
+
+void forward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+             const TensorRef& o, const TensorRef& lse, const Options& options) {
+  detail::run_forward(problem, nullptr, q, k, v, o, lse, options);
+}
+
+void forward(const Problem& problem, const VarlenOffsets& offsets, const TensorRef& q,
+             const TensorRef& k, const TensorRef& v, const TensorRef& o, const TensorRef& lse,
+             const Options& options) {
+  detail::run_forward(problem, &offsets, q, k, v, o, lse, options);
+}
+
+void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+              const TensorRef& o, const TensorRef& lse, const TensorRef& dout, const TensorRef& dq,
+              const TensorRef& dk, const TensorRef& dv, const Options& options) {
+  detail::run_backward(problem, nullptr, q, k, v, o, lse, dout, dq, dk, dv, options);
+}
+
+void backward(const Problem& problem, const VarlenOffsets& offsets, const TensorRef& q,
+              const TensorRef& k, const TensorRef& v, const TensorRef& o, const TensorRef& lse,
+              const TensorRef& dout, const TensorRef& dq, const TensorRef& dk, const TensorRef& dv,
+              const Options& options) {
+  detail::run_backward(problem, &offsets, q, k, v, o, lse, dout, dq, dk, dv, options);
 }
 
 Explanation explain(const Problem& problem, DType dtype, Device device, Backend backend, Pass pass,

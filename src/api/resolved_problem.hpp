@@ -13,8 +13,8 @@ namespace gqattn::detail {
 struct ResolvedProblem {
   int64_t B = 0, Tq = 0, Tk = 0, H = 0, Hkv = 0, d = 0;
   int64_t rep = 1;     // query heads per kv head, H / Hkv
-  int64_t off = 0;     // Tk - Tq: query i sits at absolute position i + off
-  int64_t window = 0;  // Problem::effective_window(): 0 or in [1, Tk - 1]
+  int64_t off = 0;     // query_start(): query i sits at absolute position i + off
+  int64_t window = 0;  // Problem::effective_window(): 0 or in [1, off + Tq - 1]
   bool causal = false;
   float scale = 1.0f;  // the validated problem's (dispatch resolves it)
   float softcap = 0.0f;
@@ -29,7 +29,7 @@ inline ResolvedProblem resolve(const Problem& problem) {
   s.Hkv = problem.Hkv;
   s.d = problem.d;
   s.rep = problem.H / problem.Hkv;
-  s.off = problem.Tk - problem.Tq;
+  s.off = problem.query_start();
   s.window = problem.effective_window();
   s.causal = problem.causal;
   s.scale = problem.effective_scale();

@@ -13,7 +13,12 @@ float Problem::effective_scale() const {
   return scale ? *scale : 1.0f / std::sqrt(static_cast<float>(d));
 }
 
-int64_t Problem::effective_window() const { return window <= 0 || window >= Tk ? 0 : window; }
+int64_t Problem::query_start() const { return q_start ? *q_start : Tk - Tq; }
+
+// Validation bounds |q_start| and Tq by 2^53, so query_start() + Tq cannot overflow.
+int64_t Problem::effective_window() const {
+  return window <= 0 || window >= query_start() + Tq ? 0 : window;
+}
 
 namespace {
 // Wide enough for Tq * Tk with both up to 2^53 (what validation allows).
@@ -23,31 +28,30 @@ Wide sum_min(Wide n, Wide cap) {
   if (n <= cap) return n * (n + 1) / 2;
   return cap * (cap + 1) / 2 + (n - cap) * cap;
 }
-// sum_{x=a..b} clamp(x, 0, cap): terms x <= 0 count 0.
+// sum_{x=a..b} clamp(x, 0, cap): terms x <= 0 count 0 (a, b may be negative).
 Wide sum_clamped(Wide a, Wide b, Wide cap) {
   if (b < 1) return 0;
   return sum_min(b, cap) - sum_min(a - 1 > 0 ? a - 1 : 0, cap);
 }
 }  // namespace
 
-// Row i keeps keys [lo(i), hi(i)] with off = Tk - Tq (bottom-right aligned):
-// hi = i + off under causal (never above Tk - 1, since i < Tq), else Tk - 1;
-// lo = max(0, i + off - w + 1) with w = effective_window() > 0, else 0. So a
-// causal row keeps clamp(i + off + 1, 0, w) keys, x = i + off + 1 running
-// over off + 1 .. Tk; a non-causal windowed row keeps min(Tk, w + Tq - 1 - i)
-// (at least 1). tests/cpu/test_validation.cpp checks it against the
-// row-by-row count. The sums run in 128 bits (Tq * Tk reaches 2^106 for
-// sizes validation accepts) and the result saturates at INT64_MAX.
+// With x = q_start + i + 1 (one past query i's position) and
+// C(y) = clamp(y, 0, Tk), row i keeps C(x) keys under causal alone (keys
+// 0 .. x - 1), and the window drops the C(x - w) keys below x - w; without
+// causal it keeps Tk - C(x - w) (keys x - w .. Tk - 1) or, with no window,
+// all Tk. sum_clamped sums C over a run of x. tests/cpu/test_problem.cpp
+// checks it against the row-by-row count. The sums run in 128 bits (Tq * Tk
+// reaches 2^106 for sizes validation accepts) and the result saturates at
+// INT64_MAX.
 int64_t Problem::kept_pairs() const {
-  const Wide off = Wide(Tk) - Tq;
+  const Wide first = Wide(query_start()) + 1, last = first + Tq - 1;
   const Wide w = effective_window();
+  const Wide dropped_by_window = w > 0 ? sum_clamped(first - w, last - w, Tk) : 0;
   Wide pairs;
   if (causal)
-    pairs = sum_clamped(off + 1, Tk, w > 0 ? w : Wide(Tk));
-  else if (w == 0)
-    pairs = Wide(Tq) * Tk;
+    pairs = sum_clamped(first, last, Tk) - dropped_by_window;
   else
-    pairs = sum_clamped(w, w + Tq - 1, Tk);
+    pairs = Wide(Tq) * Tk - dropped_by_window;
   const Wide most = std::numeric_limits<int64_t>::max();
   return static_cast<int64_t>(pairs < most ? pairs : most);
 }

@@ -25,6 +25,8 @@ void require_positive(const char* name, int64_t value) {
 // Elements addressed by a tensor of this shape and stride, or -1 if that
 // count would overflow int64.
 int64_t span_elements(const TensorRef& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return 0;  // a packed tensor of no rows
   int64_t last = 0;
   for (int i = 0; i < t.rank; ++i) {
     if (t.shape[i] - 1 > 0 && t.stride[i] > std::numeric_limits<int64_t>::max() / (t.shape[i] - 1))
@@ -192,6 +194,8 @@ void validate_problem(const Problem& p) {
                 "must be finite and > 0 (leave unset for 1/sqrt(d))");
   // Index arithmetic in every backend is int64; keep each tensor well inside it.
   const int64_t limit = int64_t{1} << 53;
+  if (p.q_start && (*p.q_start > limit || *p.q_start < -limit))
+    throw Error("q_start = " + str(*p.q_start), "must be within [-2^53, 2^53]");
   const double q_elems = double(p.B) * double(p.Tq) * double(p.H) * double(p.d);
   const double k_elems = double(p.B) * double(p.Tk) * double(p.Hkv) * double(p.d);
   if (q_elems > double(limit) || k_elems > double(limit))
@@ -199,43 +203,74 @@ void validate_problem(const Problem& p) {
 }
 
 void validate_tensor(const Problem& p, Role role, const TensorRef& t, DType io_dtype, Device device,
-                     bool required) {
+                     bool required, const PackedTotals& totals) {
   const std::string name = role_name(role);
-  if (t.data == nullptr) {
-    if (!required) return;
-    throw Error(name, "data is a null pointer");
-  }
+  if (t.data == nullptr && !required) return;
   int64_t expect[4] = {0, 0, 0, 0};
   int rank = 4;
   const char* dims = "";
-  switch (role) {
-    case Role::q:
-    case Role::o:
-    case Role::dout:
-    case Role::dq:
-      expect[0] = p.B;
-      expect[1] = p.Tq;
-      expect[2] = p.H;
-      expect[3] = p.d;
-      dims = "[B, Tq, H, d]";
-      break;
-    case Role::k:
-    case Role::v:
-    case Role::dk:
-    case Role::dv:
-      expect[0] = p.B;
-      expect[1] = p.Tk;
-      expect[2] = p.Hkv;
-      expect[3] = p.d;
-      dims = "[B, Tk, Hkv, d]";
-      break;
-    case Role::lse:
-      rank = 3;
-      expect[0] = p.B;
-      expect[1] = p.H;
-      expect[2] = p.Tq;
-      dims = "[B, H, Tq]";
-      break;
+  if (p.varlen) {
+    rank = 3;
+    switch (role) {
+      case Role::q:
+      case Role::o:
+      case Role::dout:
+      case Role::dq:
+        expect[0] = role == Role::q ? t.shape[0] : totals.q;
+        expect[1] = p.H;
+        expect[2] = p.d;
+        dims = "[total_q, H, d]";
+        break;
+      case Role::k:
+      case Role::v:
+      case Role::dk:
+      case Role::dv:
+        expect[0] = role == Role::k ? t.shape[0] : totals.k;
+        expect[1] = p.Hkv;
+        expect[2] = p.d;
+        dims = "[total_k, Hkv, d]";
+        break;
+      case Role::lse:
+        rank = 2;
+        expect[0] = p.H;
+        expect[1] = totals.q;
+        dims = "[H, total_q]";
+        break;
+    }
+    if ((role == Role::q || role == Role::k) && t.rank == rank &&
+        (t.shape[0] < 0 || t.shape[0] >= (int64_t{1} << 31)))
+      throw Error(name + ".shape[0] = " + str(t.shape[0]),
+                  "the packed rows must be in [0, 2^31) (int32 sequence offsets)");
+  } else {
+    switch (role) {
+      case Role::q:
+      case Role::o:
+      case Role::dout:
+      case Role::dq:
+        expect[0] = p.B;
+        expect[1] = p.Tq;
+        expect[2] = p.H;
+        expect[3] = p.d;
+        dims = "[B, Tq, H, d]";
+        break;
+      case Role::k:
+      case Role::v:
+      case Role::dk:
+      case Role::dv:
+        expect[0] = p.B;
+        expect[1] = p.Tk;
+        expect[2] = p.Hkv;
+        expect[3] = p.d;
+        dims = "[B, Tk, Hkv, d]";
+        break;
+      case Role::lse:
+        rank = 3;
+        expect[0] = p.B;
+        expect[1] = p.H;
+        expect[2] = p.Tq;
+        dims = "[B, H, Tq]";
+        break;
+    }
   }
   if (t.rank != rank)
     throw Error(name + ".rank = " + std::to_string(t.rank),
@@ -244,6 +279,13 @@ void validate_tensor(const Problem& p, Role role, const TensorRef& t, DType io_d
     if (t.shape[i] != expect[i])
       throw Error(name + ".shape = " + shape_str(t.shape, rank),
                   std::string("must be ") + dims + " = " + shape_str(expect, rank));
+  }
+  if (t.data == nullptr) {
+    // A packed tensor with no element (every sequence empty) may have none.
+    bool empty = false;
+    for (int i = 0; i < rank; ++i) empty = empty || t.shape[i] == 0;
+    if (p.varlen && empty) return;
+    throw Error(name, "data is a null pointer");
   }
   const DType want = role == Role::lse ? DType::f32 : io_dtype;
   if (t.dtype != want)
@@ -287,10 +329,11 @@ void validate_tensor(const Problem& p, Role role, const TensorRef& t, DType io_d
 
 void validate_no_overlap(std::initializer_list<Argument> arguments) {
   for (const Argument& out : arguments) {
-    if (!out.output || out.tensor->data == nullptr) continue;
+    if (!out.output || out.tensor->data == nullptr || span_bytes(*out.tensor) == 0) continue;
     const ByteRange a = byte_range(*out.tensor);
     for (const Argument& other : arguments) {
-      if (&other == &out || other.tensor->data == nullptr) continue;
+      if (&other == &out || other.tensor->data == nullptr || span_bytes(*other.tensor) == 0)
+        continue;
       const ByteRange b = byte_range(*other.tensor);
       if (a.first > b.last || b.first > a.last) continue;
       // The ranges meet: interleaved views of one buffer are fine as long as

@@ -12,11 +12,17 @@ namespace gqattn::detail {
 void validate_problem(const Problem& problem);
 
 // One tensor against the shape the problem implies. `required` false allows
-// data == nullptr (forward's optional lse).
+// data == nullptr (forward's optional lse). A varlen problem's tensors are
+// packed: q-like [total_q, H, d], k-like [total_k, Hkv, d], lse [H, total_q],
+// with the totals read from q and k (validate q and k first); a packed
+// tensor with no element may have data == nullptr.
 enum class Role { q, k, v, o, lse, dout, dq, dk, dv };
 const char* role_name(Role role);
+struct PackedTotals {
+  int64_t q = 0, k = 0;
+};
 void validate_tensor(const Problem& problem, Role role, const TensorRef& t, DType io_dtype,
-                     Device device, bool required = true);
+                     Device device, bool required = true, const PackedTotals& totals = {});
 
 // The memory rule across the arguments of one call, after validate_tensor
 // passed for each: an output may share no byte with any other argument

@@ -83,12 +83,12 @@ Row row(const Problem& p, const Layout& L, const std::vector<double>& q,
 }  // namespace
 
 bool kept(const Problem& problem, int64_t i, int64_t j) {
-  const int64_t position = i + (problem.Tk - problem.Tq);  // query i's absolute position
+  // Query i's position: q_start + i, q_start defaulting to Tk - Tq.
+  const int64_t start = problem.q_start ? *problem.q_start : problem.Tk - problem.Tq;
+  const __int128 position = __int128(start) + i;  // 128 bits: any window, any q_start
   if (j < 0 || j >= problem.Tk) return false;
   if (problem.causal && j > position) return false;
-  // effective_window(): 0 or below Tk, so position - window + 1 cannot overflow.
-  const int64_t window = problem.effective_window();
-  if (window != 0 && j < position - window + 1) return false;
+  if (problem.window > 0 && j < position - problem.window + 1) return false;
   return true;
 }
 

@@ -84,6 +84,7 @@ class CudaFlashBackend final : public BackendImpl {
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
     const std::string shared = fused::why_not_fused_problem("cuda-flash", p, dtype, device);
     if (!shared.empty()) return shared;
+    if (p.varlen) return "not supported: cuda-flash has no varlen kernels yet";
     const int64_t grid = flash::forward_blocks(int(p.d), p.B, p.H, p.Tq);
     if (grid > kMaxGridX)
       return "not supported: cuda-flash needs at most 2^31-1 thread blocks (B*H*Tq too large: " +

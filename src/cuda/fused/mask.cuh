@@ -6,10 +6,12 @@
 // oracle through tests/gpu/test_flash_*.cpp and test_hopper_*.cpp (causal,
 // windows 1/64/>=T, Tq != Tk both ways, rows with no kept key).
 //
-// Semantics (Options, include/gqattn/types.hpp): off = Tk - Tq; key j is
-// kept for query i iff 0 <= i < Tq, 0 <= j < Tk, (!causal or j <= i + off)
-// and (window == 0 or j >= i + off - window + 1). Indices are int: the backend
-// refuses Tq, Tk >= 2^30, so i + off, j - off + window stay in range.
+// Semantics (docs/semantics.md): off = q_start (Tk - Tq unless given); key j
+// is kept for query i iff 0 <= i < Tq, 0 <= j < Tk, (!causal or j <= i + off)
+// and (window == 0 or j >= i + off - window + 1). Indices are int: the
+// backends refuse Tq, Tk, |q_start| >= 2^30, and the window is below
+// off + Tq (MaskArgs), so i + off, j - off + window stay in range. One
+// policy per sequence: a varlen batch's come from sequence.hpp.
 #pragma once
 
 #include "cuda/fused/fragment.cuh"
@@ -27,7 +29,7 @@ struct MaskPolicy {
   bool causal;
 
   __device__ explicit MaskPolicy(const MaskArgs& m)
-      : tq(m.tq), tk(m.tk), off(m.tk - m.tq), window(m.window), causal(m.causal) {}
+      : tq(m.tq), tk(m.tk), off(m.off), window(m.window), causal(m.causal) {}
 
   // Kept keys of query i are [key_lo(i), key_hi(i)]; both nondecreasing in i.
   __device__ __forceinline__ int key_lo(int i) const {

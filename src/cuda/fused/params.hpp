@@ -27,17 +27,38 @@ struct RowStrides {
   int64_t head = 0;
 };
 
-// The mask, already normalised: window == 0 means none, and a window that
-// covers every key (window >= Tk) is passed as 0.
+// The mask of one sequence, already normalised: query i sits at position
+// i + off (Problem::q_start), window == 0 means none, and a window that
+// keeps every key on the left (window >= off + tq) is passed as 0. In a
+// varlen batch, the kernels make each sequence's from the batch's
+// (sequence.hpp).
 struct MaskArgs {
   int tq = 0;
   int tk = 0;
+  int off = 0;
   int window = 0;
   bool causal = false;
 
   // Every query sees every key (neither mask): all rows, hence all work
   // tiles, are equally long.
   GQATTN_HD bool keeps_all_pairs() const { return !causal && window == 0; }
+};
+
+// A varlen batch's sequence offsets in device memory (all null for a dense
+// batch), read by sequence.hpp, which clamps every value it derives from
+// them into the tensors: offsets the library did not check can give wrong
+// numbers, never an access outside the tensors.
+struct SequenceArgs {
+  const int* cu_seqlens_q = nullptr;  // [B + 1]
+  const int* cu_seqlens_k = nullptr;  // [B + 1]
+  const int* seqused_k = nullptr;     // [B] or null
+  int total_q = 0;                    // rows of the packed q, o (and lse columns)
+  int total_k = 0;                    // rows of the packed k, v
+  // Problem::q_start was given: every sequence's queries start there
+  // (MaskArgs::off of the batch); else at its own Tk_b - Tq_b.
+  bool q_start_given = false;
+
+  GQATTN_HD bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 
 // How a raw dot product q.k becomes the exponent of exp2:
@@ -75,9 +96,13 @@ struct BackwardParams {
   // Workspace [B*H, tq_padded] f32, written by the preprocessing kernel:
   // lse2 = lse * log2(e) (+inf for a row with no kept key or past Tq, so that
   // every P of that row is 0) and dsum = D = rowsum(do * o) (0 past Tq).
+  // Varlen: one block of varlen_workspace_rows(total_q, B) rows per head
+  // instead (sequence.hpp); workspace_row() gives a (b, h) block's first row.
   float* lse2 = nullptr;
   float* dsum = nullptr;
   int tq_padded = 0;
+  SequenceArgs seq;  // varlen offsets (null: dense)
+  int64_t varlen_head_rows = 0;  // varlen_workspace_rows(total_q, B) when varlen
   // Subtracted from every finite lse2 by the preprocessing kernel. 0 for
   // cuda-flash; cuda-hopper's softcap backward stores lse2 - mult, so that
   // its P = 2^(mult (1 - 2r) - lse2) is one FMA of r (hopper/
@@ -95,6 +120,13 @@ struct BackwardParams {
   float* dq_accum = nullptr;
   int* dq_counters = nullptr;
 };
+
+// The first workspace row of sequence b, head h; ws_row0 is
+// sequence_of(...).ws_row0 (sequence.hpp), used by varlen batches only.
+GQATTN_HD int64_t workspace_row(const BackwardParams& p, int b, int h, int ws_row0) {
+  return p.seq.varlen() ? int64_t(h) * p.varlen_head_rows + ws_row0
+                        : (int64_t(b) * p.H + h) * p.tq_padded;
+}
 
 // The preprocessing kernel: kPreprocessLanesPerRow lanes share one row's
 // dot product do . o.

@@ -13,20 +13,46 @@
 
 #include "api/backend.hpp"
 #include "cuda/fused/params.hpp"
+#include "cuda/fused/sequence.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/types.hpp"
 
 namespace gqattn::fused {
 
-// The mask, normalised: a window of Tk or more is no window
-// (Problem::effective_window).
+// Sequence lengths, packed totals and |q_start| stay below this so that
+// every index the fused kernels form (i + off, j - off + window with the
+// window below off + Tq, tile offsets, TMA coordinates) fits in an int.
+constexpr int64_t kMaxSequence = int64_t{1} << 30;
+
+// The batch's mask, normalised (Problem::effective_window): a dense
+// batch's, or the bounds of a varlen batch's, whose sequences
+// (sequence_of) take their own lengths, offset and window from it. A
+// varlen window is normalised per sequence, so here it is only capped (a
+// window of INT_MAX or more keeps every key on the left of every position
+// the fused backends accept, all below 2^31 - 1).
 inline MaskArgs mask_args(const Problem& p) {
   MaskArgs m;
   m.tq = int(p.Tq);
   m.tk = int(p.Tk);
+  m.off = int(p.query_start());
   m.causal = p.causal;
-  m.window = int(p.effective_window());
+  m.window = p.varlen ? int(p.window < std::numeric_limits<int>::max() ? p.window : 0)
+                      : int(p.effective_window());
   return m;
+}
+
+// The device view of a varlen batch's offsets; all null for a dense batch.
+inline SequenceArgs sequence_args(const Problem& p, const VarlenOffsets& o, const TensorRef& q,
+                                  const TensorRef& k) {
+  SequenceArgs s;
+  if (!p.varlen) return s;
+  s.cu_seqlens_q = o.cu_seqlens_q.data;
+  s.cu_seqlens_k = o.cu_seqlens_k.data;
+  s.seqused_k = o.seqused_k.data;
+  s.total_q = int(q.shape[1]);  // batch-of-one views (api/backend.hpp)
+  s.total_k = int(k.shape[1]);
+  s.q_start_given = p.q_start.has_value();
+  return s;
 }
 
 // Softcap folds the scale into tanh's argument and the cap into the
@@ -49,10 +75,6 @@ inline ScoreArgs score_args(const Problem& p) {
   return s;
 }
 
-// Sequence lengths stay below this so that every index the fused kernels
-// form (i + Tk - Tq, j - off + window, tile offsets, TMA coordinates) fits
-// in an int.
-constexpr int64_t kMaxSequence = int64_t{1} << 30;
 
 inline bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
@@ -73,6 +95,10 @@ inline std::string why_not_fused_problem(const char* backend, const Problem& p, 
     return std::string("not supported: ") + backend +
            " needs Tq, Tk < 2^30 (got Tq=" + std::to_string(p.Tq) + ", Tk=" + std::to_string(p.Tk) +
            ")";
+  const int64_t q_start = p.query_start();
+  if (q_start >= kMaxSequence || q_start <= -kMaxSequence)
+    return std::string("not supported: ") + backend + " needs |q_start| < 2^30 (got " +
+           std::to_string(q_start) + ")";
   return "";
 }
 
@@ -136,6 +162,8 @@ inline BackwardParams backward_params(const detail::BackwardArgs& a) {
   p.mask = mask_args(a.problem);
   p.score = score_args(a.problem);
   p.tq_padded = int(tq_padded(a.problem.Tq));
+  p.seq = sequence_args(a.problem, a.offsets, a.q, a.k);
+  if (p.seq.varlen()) p.varlen_head_rows = varlen_workspace_rows(p.seq.total_q, p.B);
   return p;
 }
 

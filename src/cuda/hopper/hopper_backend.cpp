@@ -61,6 +61,7 @@ class CudaHopperBackend final : public BackendImpl {
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
     const std::string shared = fused::why_not_fused_problem("cuda-hopper", p, dtype, device);
     if (!shared.empty()) return shared;
+    if (p.varlen) return "not supported: cuda-hopper has no varlen kernels yet";
     // The grid first (it needs no device), then the device, then what the
     // plan needs of it.
     const cuda::DeviceLimits unknown;

@@ -101,6 +101,7 @@ class CudaUnfusedBackend final : public BackendImpl {
   std::string why_not(const Problem& problem, DType, Device device) const override {
     if (device != Device::cuda)
       return "tensors live in host memory; cuda-unfused needs CUDA device memory";
+    if (problem.varlen) return "not supported: cuda-unfused has no varlen kernels yet";
     std::string reason = cuda::why_no_device(kMinMajor, kMinMinor);
     if (reason.empty()) reason = unfused::why_no_kernel_image();
     if (!reason.empty()) return reason;
