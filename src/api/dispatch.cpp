@@ -215,10 +215,10 @@ void run_backward(const Problem& problem, const VarlenOffsets* offsets, const Te
     return;
   }
   const std::optional<HostOffsets> host = offsets_for(problem, *offsets, q, k, *impl, options);
-  impl->backward(BackwardArgs{resolved(problem), batch_of_one(q), batch_of_one(k),
-                              batch_of_one(v), batch_of_one(o), batch_of_one(lse),
-                              batch_of_one(dout), batch_of_one(dq), batch_of_one(dk),
-                              batch_of_one(dv), options, *offsets, host ? &*host : nullptr});
+  impl->backward(BackwardArgs{resolved(problem), batch_of_one(q), batch_of_one(k), batch_of_one(v),
+                              batch_of_one(o), batch_of_one(lse), batch_of_one(dout),
+                              batch_of_one(dq), batch_of_one(dk), batch_of_one(dv), options,
+                              *offsets, host ? &*host : nullptr});
 }
 
 }  // namespace

@@ -20,12 +20,11 @@ void validate_one(const char* name, const OffsetsRef& o, int64_t size, Device de
   if (o.data == nullptr) throw Error(name, "data is a null pointer");
   if (o.size != size)
     throw Error(std::string(name) + ".size = " + str(o.size),
-                "must be " + str(size) +
-                    " (B + 1 for cu_seqlens, B for seqused_k)");
+                "must be " + str(size) + " (B + 1 for cu_seqlens, B for seqused_k)");
   if (o.device != device)
-    throw Error(std::string(name) + ".device = " + (o.device == Device::cpu ? "cpu" : "cuda"),
-                std::string("must be ") + (device == Device::cpu ? "cpu" : "cuda") +
-                    " (where q lives)");
+    throw Error(
+        std::string(name) + ".device = " + (o.device == Device::cpu ? "cpu" : "cuda"),
+        std::string("must be ") + (device == Device::cpu ? "cpu" : "cuda") + " (where q lives)");
   if (reinterpret_cast<std::uintptr_t>(o.data) % sizeof(int32_t) != 0)
     throw Error(name, "pointer is not aligned to its element size (4 bytes)");
 }
@@ -39,8 +38,8 @@ std::vector<int32_t> copy_to_host(const OffsetsRef& o, void* stream) {
   }
 #ifdef GQATTN_WITH_CUDA
   auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaMemcpyAsync(out.data(), o.data, sizeof(int32_t) * out.size(),
-                                  cudaMemcpyDeviceToHost, s);
+  cudaError_t e =
+      cudaMemcpyAsync(out.data(), o.data, sizeof(int32_t) * out.size(), cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
   if (e != cudaSuccess)
     throw Error("sequence offsets",
@@ -61,8 +60,8 @@ void check_cumulative(const char* name, const std::vector<int32_t>& cu, int64_t 
     const int64_t len = int64_t(cu[b + 1]) - cu[b];
     if (len < 0)
       throw Error(std::string(name) + "[" + str(int64_t(b) + 1) + "] = " + str(cu[b + 1]),
-                  "must be >= " + std::string(name) + "[" + str(int64_t(b)) + "] = " +
-                      str(cu[b]) + " (offsets never decrease)");
+                  "must be >= " + std::string(name) + "[" + str(int64_t(b)) + "] = " + str(cu[b]) +
+                      " (offsets never decrease)");
     if (len > max_len)
       throw Error(std::string(name) + " sequence " + str(int64_t(b)),
                   "has " + str(len) + " rows, more than " + max_name + " = " + str(max_len));
@@ -94,9 +93,9 @@ void check_offsets(const Problem& p, const HostOffsets& h, int64_t total_q, int6
   for (std::size_t b = 0; b < h.seqused_k.size(); ++b) {
     const int64_t keys = int64_t(h.cu_seqlens_k[b + 1]) - h.cu_seqlens_k[b];
     if (h.seqused_k[b] < 0 || h.seqused_k[b] > keys)
-      throw Error("seqused_k[" + str(int64_t(b)) + "] = " + str(h.seqused_k[b]),
-                  "must be in [0, " + str(keys) + "] (the keys of sequence " + str(int64_t(b)) +
-                      ")");
+      throw Error(
+          "seqused_k[" + str(int64_t(b)) + "] = " + str(h.seqused_k[b]),
+          "must be in [0, " + str(keys) + "] (the keys of sequence " + str(int64_t(b)) + ")");
   }
 }
 

@@ -101,7 +101,7 @@ struct BackwardParams {
   float* lse2 = nullptr;
   float* dsum = nullptr;
   int tq_padded = 0;
-  SequenceArgs seq;  // varlen offsets (null: dense)
+  SequenceArgs seq;              // varlen offsets (null: dense)
   int64_t varlen_head_rows = 0;  // varlen_workspace_rows(total_q, B) when varlen
   // Subtracted from every finite lse2 by the preprocessing kernel. 0 for
   // cuda-flash; cuda-hopper's softcap backward stores lse2 - mult, so that

@@ -75,7 +75,6 @@ inline ScoreArgs score_args(const Problem& p) {
   return s;
 }
 
-
 inline bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
 // The rules the fused backends share (device, dtype, head dim, sequence
