@@ -19,8 +19,21 @@ class CpuBackend final : public BackendImpl {
     return "";
   }
 
-  void forward(const ForwardArgs& args) const override { cpu::mirror_forward(args); }
-  void backward(const BackwardArgs& args) const override { cpu::mirror_backward(args); }
+  // Varlen batches run sequence by sequence from the checked host offsets.
+  bool needs_host_offsets() const override { return true; }
+
+  void forward(const ForwardArgs& args) const override {
+    if (args.problem.varlen)
+      cpu::mirror_varlen_forward(args);
+    else
+      cpu::mirror_forward(args);
+  }
+  void backward(const BackwardArgs& args) const override {
+    if (args.problem.varlen)
+      cpu::mirror_varlen_backward(args);
+    else
+      cpu::mirror_backward(args);
+  }
 };
 
 }  // namespace

@@ -71,5 +71,9 @@ void load_head(const TensorRef& t, int64_t b, int64_t head, int64_t T, int64_t d
 // seed's, operation for operation.
 void mirror_forward(const detail::ForwardArgs& args);
 void mirror_backward(const detail::BackwardArgs& args);
+// Varlen batches (args.host_offsets set): sequence by sequence
+// (mirror_varlen.cpp).
+void mirror_varlen_forward(const detail::ForwardArgs& args);
+void mirror_varlen_backward(const detail::BackwardArgs& args);
 
 }  // namespace gqattn::cpu

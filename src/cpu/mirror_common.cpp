@@ -17,7 +17,7 @@ namespace gqattn::cpu {
 KeptRange kept_range(const MirrorShape& shape, int64_t i) {
   // The seed's jmin/jmax with Tq == Tk generalised by the offset; signed so
   // that a query before every key (causal, Tq > Tk) gives an empty range.
-  // pos is in [Tk - Tq, Tk - 1] and window in [0, Tk - 1]: no overflow.
+  // |pos| <= 2^53 + Tq and window in [0, off + Tq - 1]: no overflow.
   const int64_t pos = i + shape.off;
   KeptRange r;
   r.last = shape.causal ? std::min(pos, shape.Tk - 1) : shape.Tk - 1;
@@ -60,13 +60,13 @@ RowSoftmax softmax_row(const MirrorShape& shape, int64_t i, const float* q, cons
   return row;
 }
 
-// A causal row keeps min(window, pos + 1) keys; a non-causal one all keys
-// from max(pos - window + 1, 0) on, at most min(Tk, Tq + window - 1) (the
-// first row, pos = Tk - Tq). window < Tk, so no sum here overflows.
+// A causal row keeps at most min(window, Tk) keys; a non-causal one all keys
+// from max(pos - window + 1, 0) on, most in the first row (pos = off).
+// window < off + Tq (effective_window), so no sum here overflows.
 int64_t max_kept(const MirrorShape& shape) {
   if (shape.window == 0) return shape.Tk;
-  if (shape.causal) return shape.window;
-  return std::min(shape.Tk, shape.Tq + shape.window - 1);
+  if (shape.causal) return std::min(shape.window, shape.Tk);
+  return shape.Tk - std::clamp<int64_t>(shape.off - shape.window + 1, 0, shape.Tk);
 }
 
 std::vector<float> scratch_floats(int64_t n) {

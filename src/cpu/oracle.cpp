@@ -85,7 +85,8 @@ Row row(const Problem& p, const Layout& L, const std::vector<double>& q,
 bool kept(const Problem& problem, int64_t i, int64_t j) {
   // Query i's position: q_start + i, q_start defaulting to Tk - Tq.
   const int64_t start = problem.q_start ? *problem.q_start : problem.Tk - problem.Tq;
-  const __int128 position = __int128(start) + i;  // 128 bits: any window, any q_start
+  __extension__ typedef __int128 Wide;  // any window, any q_start: no overflow
+  const Wide position = Wide(start) + i;
   if (j < 0 || j >= problem.Tk) return false;
   if (problem.causal && j > position) return false;
   if (problem.window > 0 && j < position - problem.window + 1) return false;
