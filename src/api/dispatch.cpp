@@ -18,9 +18,10 @@ namespace gqattn {
 namespace detail {
 namespace {
 
-// Fastest first.
-constexpr Backend kAutoOrder[] = {Backend::CudaHopper, Backend::CudaFlash, Backend::CudaUnfused,
-                                  Backend::Cpu};
+// Fastest first. cuda-unfused is not among them: its memory and time grow
+// with Tq x Tk (P in memory), so it runs only when named; a problem only it
+// can run fails under Auto with the hint to name it.
+constexpr Backend kAutoOrder[] = {Backend::CudaHopper, Backend::CudaFlash, Backend::Cpu};
 
 struct Choice {
   const BackendImpl* impl = nullptr;
@@ -58,6 +59,12 @@ Choice choose(const Problem& problem, DType dtype, Device device, Backend reques
     choice.reason +=
         (choice.reason.empty() ? "" : "; ") + std::string(backend_name(candidate)) + ": " + reason;
   }
+  std::string unfused_reason;
+  const BackendImpl* unfused = find_backend(Backend::CudaUnfused, &unfused_reason);
+  if (unfused != nullptr && why_not(*unfused, problem, dtype, device, pass).empty())
+    choice.reason +=
+        "; cuda-unfused can run it but Auto never picks it (P of Tq x Tk in device memory): "
+        "name it (Options::backend = Backend::CudaUnfused, backend=\"cuda-unfused\") to use it";
   return choice;
 }
 
