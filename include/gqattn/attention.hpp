@@ -37,6 +37,29 @@ void backward(const Problem& problem, const VarlenOffsets& offsets, const Tensor
               const TensorRef& dout, const TensorRef& dq, const TensorRef& dk, const TensorRef& dv,
               const Options& options = {});
 
+// Attention over a KV cache (Problem::kv_cache, docs/semantics.md "KV
+// cache"), forward only. k_new, v_new [B, T_new, Hkv, d] (data == nullptr:
+// no new keys) are first written into the cache in place at positions
+// seqlens[b] .. seqlens[b] + T_new - 1 of sequence b (the caller's
+// seqlens is not changed); then q [B, Tq, H, d] attends to the
+// seqlens[b] + T_new keys of its sequence, query i at position
+// seqlens[b] + T_new - Tq + i unless Problem::q_start says otherwise.
+// problem.Tk is the cache's capacity per sequence (T_cache, or
+// pages_per_seq * page_size).
+void forward_with_kv_cache(const Problem& problem, const KvCache& cache, const TensorRef& q,
+                           const TensorRef& k_new, const TensorRef& v_new, const TensorRef& o,
+                           const TensorRef& lse, const Options& options = {});
+
+// Merges two partial attention results over disjoint key sets by their lse:
+// o = (e^lse_a o_a + e^lse_b o_b) / (e^lse_a + e^lse_b), lse = log(e^lse_a +
+// e^lse_b); a row whose lse is -inf on both sides gets o = 0, lse = -inf.
+// o_* and o [B, Tq, H, d] (one dtype), lse_* and lse [B, H, Tq] f32, all on
+// one device; o and lse may be o_a and lse_a (in place) but overlap nothing
+// else.
+void merge_attention_states(const TensorRef& o_a, const TensorRef& lse_a, const TensorRef& o_b,
+                            const TensorRef& lse_b, const TensorRef& o, const TensorRef& lse,
+                            const Options& options = {});
+
 // Whether `backend` can run `pass` of `problem` with tensors of `dtype` on
 // `device`, and how. For Backend::Auto, `chosen` names the backend Auto
 // would pick. `options` matters where the plan depends on it

@@ -6,6 +6,12 @@
 // the backend with NaN-poisoned outputs, and compares o, lse, dq, dk, dv with
 // the oracle run on the same rounded inputs.
 //
+// Problem::q_start is passed through as given (dense and varlen). A varlen
+// batch (Problem::varlen) is checked on packed tensors and sequence offsets
+// staged on the backend's device, against the oracle's per-sequence
+// forward_varlen/backward_varlen; its sequence lengths are Config::varlen's,
+// or drawn from the seed (see layout_of below).
+//
 // Error of a tensor = max |x - ref| / max |ref| (lse: over kept rows, with
 // -inf required exactly where the oracle has -inf). Tolerances
 // (docs/semantics.md, "How correctness is judged"), see tolerance() below:
@@ -20,12 +26,29 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "gqattn/oracle.hpp"
 #include "gqattn/types.hpp"
 
 namespace gqattn::check {
+
+// The sequences of a varlen check (Config::problem.varlen).
+struct VarlenConfig {
+  // Lengths of the B sequences, each at most problem.Tq (queries) or
+  // problem.Tk (keys). Empty: drawn from Config::seed, each in [0, Tq] and
+  // [0, Tk], lengths 0 and 1 drawn often (the edge cases of every kernel).
+  std::vector<int32_t> seqlens_q, seqlens_k;
+  // Keys used per sequence, each at most its key length. Empty: none,
+  // unless draw_seqused_k, which draws each in [0, its key length].
+  std::vector<int32_t> seqused_k;
+  bool draw_seqused_k = false;
+  // Options::check_offsets of the backend's calls (offsets on a CUDA device
+  // are then not read on the host; the CPU always reads them).
+  bool check_offsets = true;
+};
 
 struct Config {
   Problem problem;
@@ -42,6 +65,12 @@ struct Config {
   bool padded_strides = false;  // give every tensor non-packed strides
   // Rows of q with large magnitude (x4): exercise the softmax's max tracking.
   bool large_rows = true;
+  VarlenConfig varlen;  // used when problem.varlen
+  // For tests of the checker itself: changes the problem and offsets the
+  // backend under test is given (not the oracle's nor the f32 mirror's;
+  // the packed totals must stay), e.g. a q_start off by one, to prove that
+  // a backend with that bug fails the check.
+  std::function<void(Problem&, oracle::VarlenLayout&)> mislead_backend;
 };
 
 struct Metric {
@@ -70,6 +99,12 @@ struct Report {
 };
 
 Report run(const Config& config);
+
+// The offsets a varlen check runs (config.problem.varlen): config.varlen's
+// lengths, or those drawn from config.seed. Throws gqattn::Error naming the
+// rule when the lengths do not fit the problem (count B, at most Tq and Tk,
+// seqused_k at most the key length).
+oracle::VarlenLayout layout_of(const Config& config);
 
 // The tolerance of output `name` ("o", "lse", "dq", "dk", "dv") in `dtype`,
 // given the error of the f32 CPU mirror against the f64 oracle on the same

@@ -63,6 +63,12 @@ struct Problem {
   // are then the longest sequence's lengths (max_seqlen_q, max_seqlen_k),
   // bounds the offsets must keep.
   bool varlen = false;
+  // Attention over a KV cache (forward_with_kv_cache, docs/semantics.md,
+  // "KV cache"): B sequences of Tq queries over the keys in their cache
+  // rows, Tk being the cache's capacity per sequence. kv_page_size > 0: the
+  // cache is paged in pages of that many keys; 0: a dense cache.
+  bool kv_cache = false;
+  int64_t kv_page_size = 0;
 
   float effective_scale() const;
   // q_start, or its default Tk - Tq (of a dense problem; a varlen batch's
@@ -101,6 +107,20 @@ struct VarlenOffsets {
   OffsetsRef cu_seqlens_q;  // [B + 1]
   OffsetsRef cu_seqlens_k;  // [B + 1]
   OffsetsRef seqused_k;     // [B] or absent
+};
+
+// The cache of forward_with_kv_cache. Dense: k, v [B_cache, T_cache, Hkv, d],
+// sequence b in cache row batch_idx[b] (or b without batch_idx). Paged: k, v
+// [num_pages, page_size, Hkv, d], key position p of sequence b in page
+// block_table[b * pages_per_seq + p / page_size], row p % page_size.
+// seqlens[b]: keys already cached for sequence b. The int32 vectors live on
+// the device of the tensors.
+struct KvCache {
+  TensorRef k, v;          // read, and written where new keys are appended
+  OffsetsRef seqlens;      // [B]
+  OffsetsRef block_table;  // paged: [B * pages_per_seq], row-major; dense: absent
+  int64_t pages_per_seq = 0;
+  OffsetsRef batch_idx;  // dense, optional: [B]
 };
 
 // A problem of B sequences of Tq queries and Tk keys, H query heads over

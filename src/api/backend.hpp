@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gqattn/error.hpp"
 #include "gqattn/types.hpp"
 
 namespace gqattn::detail {
@@ -52,6 +53,21 @@ struct BackwardArgs {
   const HostOffsets* host_offsets = nullptr;
 };
 
+// A KV-cache call after validation (api/kv_cache.cpp): q, o, lse as in a
+// dense forward; k_new, v_new [B, T_new, Hkv, d] or data == nullptr; the
+// cache; host, the checked host copy of its int32 vectors when dispatch read
+// them, else null.
+struct HostKvCache {
+  std::vector<int32_t> seqlens, block_table, batch_idx;  // batch_idx empty: none
+};
+struct KvCacheArgs {
+  Problem problem;
+  KvCache cache;
+  TensorRef q, k_new, v_new, o, lse;
+  Options options;
+  const HostKvCache* host = nullptr;
+};
+
 class BackendImpl {
  public:
   virtual ~BackendImpl() = default;
@@ -83,8 +99,16 @@ class BackendImpl {
     (void)options;
     return "";
   }
-  // Whether this backend reads a varlen batch's offsets on the host (then
-  // dispatch copies and checks them whatever Options::check_offsets says).
+  // Whether this backend runs KV-cache calls (Problem::kv_cache): dispatch
+  // asks why_not only of those that do.
+  virtual bool supports_kv_cache() const { return false; }
+  virtual void forward_kv_cache(const KvCacheArgs& args) const {
+    (void)args;
+    throw Error("backend", "not supported: this backend has no KV-cache path");
+  }
+  // Whether this backend reads a varlen batch's offsets (or a KV cache's
+  // int32 vectors) on the host (then dispatch copies and checks them
+  // whatever Options::check_offsets says).
   virtual bool needs_host_offsets() const { return false; }
   virtual void forward(const ForwardArgs& args) const = 0;
   virtual void backward(const BackwardArgs& args) const = 0;

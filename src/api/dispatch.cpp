@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "api/backend.hpp"
+#include "api/kv_cache.hpp"
 #include "api/validate.hpp"
 #include "api/varlen.hpp"
 #include "gqattn/attention.hpp"
@@ -30,6 +31,10 @@ struct Choice {
 
 std::string why_not(const BackendImpl& impl, const Problem& problem, DType dtype, Device device,
                     Pass pass) {
+  if (problem.kv_cache && pass == Pass::backward)
+    return "not supported: KV-cache calls are forward only";
+  if (problem.kv_cache && !impl.supports_kv_cache())
+    return std::string("not supported: ") + backend_name(impl.id()) + " has no KV-cache path yet";
   return pass == Pass::forward ? impl.why_not(problem, dtype, device)
                                : impl.why_not_backward(problem, dtype, device);
 }
@@ -105,6 +110,8 @@ namespace {
 // The rule both overloads of a pass share: the dense ones take no offsets,
 // the varlen ones need them.
 void require_layout(const Problem& problem, bool varlen_call) {
+  if (problem.kv_cache)
+    throw Error("problem.kv_cache = true", "needs the cache: call forward_with_kv_cache");
   if (problem.varlen && !varlen_call)
     throw Error("problem.varlen = true",
                 "needs the sequence offsets: call the overload that takes VarlenOffsets");
@@ -240,6 +247,28 @@ void forward(const Problem& problem, const VarlenOffsets& offsets, const TensorR
              const TensorRef& k, const TensorRef& v, const TensorRef& o, const TensorRef& lse,
              const Options& options) {
   detail::run_forward(problem, &offsets, q, k, v, o, lse, options);
+}
+
+void forward_with_kv_cache(const Problem& problem, const KvCache& cache, const TensorRef& q,
+                           const TensorRef& k_new, const TensorRef& v_new, const TensorRef& o,
+                           const TensorRef& lse, const Options& options) {
+  using namespace detail;
+  const int64_t t_new = validate_kv_cache_call(problem, cache, q, k_new, v_new, o, lse);
+  const BackendImpl* impl =
+      choose_or_throw(problem, q.dtype, q.device, options.backend, Pass::forward);
+  require_tensors(*impl, Pass::forward,
+                  {{"q", &q},
+                   {"k_new", &k_new},
+                   {"v_new", &v_new},
+                   {"o", &o},
+                   {"lse", &lse},
+                   {"k_cache", &cache.k},
+                   {"v_cache", &cache.v}});
+  std::optional<HostKvCache> host;
+  if (q.device == Device::cpu || options.check_offsets || impl->needs_host_offsets())
+    host = read_and_check_kv_cache(problem, cache, t_new, options.stream);
+  impl->forward_kv_cache(KvCacheArgs{resolved(problem), cache, q, k_new, v_new, o, lse, options,
+                                     host ? &*host : nullptr});
 }
 
 void backward(const Problem& problem, const TensorRef& q, const TensorRef& k, const TensorRef& v,

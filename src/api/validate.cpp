@@ -203,8 +203,8 @@ void validate_problem(const Problem& p) {
 }
 
 void validate_tensor(const Problem& p, Role role, const TensorRef& t, DType io_dtype, Device device,
-                     bool required, const PackedTotals& totals) {
-  const std::string name = role_name(role);
+                     bool required, const PackedTotals& totals, const char* name_override) {
+  const std::string name = name_override ? name_override : role_name(role);
   if (t.data == nullptr && !required) return;
   int64_t expect[4] = {0, 0, 0, 0};
   int rank = 4;

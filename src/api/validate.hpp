@@ -21,8 +21,10 @@ const char* role_name(Role role);
 struct PackedTotals {
   int64_t q = 0, k = 0;
 };
+// `name` (default: the role's) is what errors call the tensor.
 void validate_tensor(const Problem& problem, Role role, const TensorRef& t, DType io_dtype,
-                     Device device, bool required = true, const PackedTotals& totals = {});
+                     Device device, bool required = true, const PackedTotals& totals = {},
+                     const char* name = nullptr);
 
 // The memory rule across the arguments of one call, after validate_tensor
 // passed for each: an output may share no byte with any other argument

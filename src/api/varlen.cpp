@@ -16,7 +16,27 @@ namespace {
 
 std::string str(int64_t x) { return std::to_string(x); }
 
-void validate_one(const char* name, const OffsetsRef& o, int64_t size, Device device) {
+void check_cumulative(const char* name, const std::vector<int32_t>& cu, int64_t total,
+                      int64_t max_len, const char* max_name) {
+  if (cu.front() != 0) throw Error(std::string(name) + "[0] = " + str(cu.front()), "must be 0");
+  for (std::size_t b = 0; b + 1 < cu.size(); ++b) {
+    const int64_t len = int64_t(cu[b + 1]) - cu[b];
+    if (len < 0)
+      throw Error(std::string(name) + "[" + str(int64_t(b) + 1) + "] = " + str(cu[b + 1]),
+                  "must be >= " + std::string(name) + "[" + str(int64_t(b)) + "] = " + str(cu[b]) +
+                      " (offsets never decrease)");
+    if (len > max_len)
+      throw Error(std::string(name) + " sequence " + str(int64_t(b)),
+                  "has " + str(len) + " rows, more than " + max_name + " = " + str(max_len));
+  }
+  if (cu.back() != total)
+    throw Error(std::string(name) + "[B] = " + str(cu.back()),
+                "must equal the packed rows, " + str(total) + " (the last offset ends the data)");
+}
+
+}  // namespace
+
+void validate_int32_vector(const char* name, const OffsetsRef& o, int64_t size, Device device) {
   if (o.data == nullptr) throw Error(name, "data is a null pointer");
   if (o.size != size)
     throw Error(std::string(name) + ".size = " + str(o.size),
@@ -53,30 +73,10 @@ std::vector<int32_t> copy_to_host(const OffsetsRef& o, void* stream) {
 #endif
 }
 
-void check_cumulative(const char* name, const std::vector<int32_t>& cu, int64_t total,
-                      int64_t max_len, const char* max_name) {
-  if (cu.front() != 0) throw Error(std::string(name) + "[0] = " + str(cu.front()), "must be 0");
-  for (std::size_t b = 0; b + 1 < cu.size(); ++b) {
-    const int64_t len = int64_t(cu[b + 1]) - cu[b];
-    if (len < 0)
-      throw Error(std::string(name) + "[" + str(int64_t(b) + 1) + "] = " + str(cu[b + 1]),
-                  "must be >= " + std::string(name) + "[" + str(int64_t(b)) + "] = " + str(cu[b]) +
-                      " (offsets never decrease)");
-    if (len > max_len)
-      throw Error(std::string(name) + " sequence " + str(int64_t(b)),
-                  "has " + str(len) + " rows, more than " + max_name + " = " + str(max_len));
-  }
-  if (cu.back() != total)
-    throw Error(std::string(name) + "[B] = " + str(cu.back()),
-                "must equal the packed rows, " + str(total) + " (the last offset ends the data)");
-}
-
-}  // namespace
-
 void validate_offsets_shape(const Problem& p, const VarlenOffsets& o, Device device) {
-  validate_one("cu_seqlens_q", o.cu_seqlens_q, p.B + 1, device);
-  validate_one("cu_seqlens_k", o.cu_seqlens_k, p.B + 1, device);
-  if (o.seqused_k.data != nullptr) validate_one("seqused_k", o.seqused_k, p.B, device);
+  validate_int32_vector("cu_seqlens_q", o.cu_seqlens_q, p.B + 1, device);
+  validate_int32_vector("cu_seqlens_k", o.cu_seqlens_k, p.B + 1, device);
+  if (o.seqused_k.data != nullptr) validate_int32_vector("seqused_k", o.seqused_k, p.B, device);
 }
 
 HostOffsets read_offsets(const VarlenOffsets& o, void* stream) {

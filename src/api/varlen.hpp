@@ -5,6 +5,9 @@
 // tests/cpu/test_varlen_validation.cpp.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "api/backend.hpp"
 #include "gqattn/types.hpp"
 
@@ -13,6 +16,14 @@ namespace gqattn::detail {
 // Pointers, lengths (B + 1, and B for seqused_k) and device, without
 // reading the values.
 void validate_offsets_shape(const Problem& problem, const VarlenOffsets& offsets, Device device);
+
+// One int32 vector's pointer, element count and device.
+void validate_int32_vector(const char* name, const OffsetsRef& offsets, int64_t size,
+                           Device device);
+
+// One int32 vector copied to the host (a synchronisation with `stream` for
+// device memory).
+std::vector<int32_t> copy_to_host(const OffsetsRef& offsets, void* stream);
 
 // The values, copied to the host (a synchronisation with `stream` for
 // device memory).

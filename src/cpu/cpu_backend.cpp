@@ -21,6 +21,10 @@ class CpuBackend final : public BackendImpl {
 
   // Varlen batches run sequence by sequence from the checked host offsets.
   bool needs_host_offsets() const override { return true; }
+  bool supports_kv_cache() const override { return true; }
+  void forward_kv_cache(const KvCacheArgs& args) const override {
+    cpu::mirror_kv_cache_forward(args);
+  }
 
   void forward(const ForwardArgs& args) const override {
     if (args.problem.varlen)
