@@ -158,16 +158,27 @@ void launch_backward(const BackwardPass& pass, const Launch& launch) {
     a.P = pass.P;
     a.D = pass.D;
     const Shape& s = pass.shape;
+    // A varlen sequence may have no queries (its dk, dv are zeros: Tq = 0
+    // leaves every key's query range empty) or no keys (its dq is zeros):
+    // the kernels of the empty side are skipped, a grid of no blocks fails.
     const unsigned int query_blocks = grid_blocks(s.B * s.H * s.Tq, launch);
     const unsigned int kv_blocks = grid_blocks(s.B * s.Hkv * s.Tk, launch);
-    attention_bwd_d<T><<<query_blocks, kThreadsPerBlock, 0, launch.stream>>>(a);
-    check_launch("attention_bwd_d");
-    attention_bwd_dv<T><<<kv_blocks, kThreadsPerBlock, 0, launch.stream>>>(a);
-    check_launch("attention_bwd_dv");
-    attention_bwd_dq<T><<<query_blocks, kThreadsPerBlock, 0, launch.stream>>>(a);
-    check_launch("attention_bwd_dq");
-    attention_bwd_dk<T><<<kv_blocks, kThreadsPerBlock, 0, launch.stream>>>(a);
-    check_launch("attention_bwd_dk");
+    if (query_blocks > 0) {
+      attention_bwd_d<T><<<query_blocks, kThreadsPerBlock, 0, launch.stream>>>(a);
+      check_launch("attention_bwd_d");
+    }
+    if (kv_blocks > 0) {
+      attention_bwd_dv<T><<<kv_blocks, kThreadsPerBlock, 0, launch.stream>>>(a);
+      check_launch("attention_bwd_dv");
+    }
+    if (query_blocks > 0) {
+      attention_bwd_dq<T><<<query_blocks, kThreadsPerBlock, 0, launch.stream>>>(a);
+      check_launch("attention_bwd_dq");
+    }
+    if (kv_blocks > 0) {
+      attention_bwd_dk<T><<<kv_blocks, kThreadsPerBlock, 0, launch.stream>>>(a);
+      check_launch("attention_bwd_dk");
+    }
   });
 }
 

@@ -70,6 +70,16 @@ struct BackwardPass {
 };
 void launch_backward(const BackwardPass& pass, const Launch& launch);
 
+// Zeros `rows` rows of a [B = 1, T, heads, d] tensor, starting at its data
+// pointer: the gradients of a varlen batch's key rows that no query reads
+// (past seqused_k, or of a sequence without queries).
+struct ZeroRows {
+  DType dtype = DType::f32;
+  Out t;
+  int64_t rows = 0, heads = 0, d = 0;
+};
+void launch_zero_rows(const ZeroRows& zero, const Launch& launch);
+
 // "" when the current device can run these kernels (the build holds an
 // image for its architecture), else why not.
 std::string why_no_kernel_image();

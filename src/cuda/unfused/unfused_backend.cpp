@@ -4,13 +4,19 @@
 // device), checks that every tensor lives on the current device, sizes the
 // P workspace against free memory before allocating it, and launches the
 // kernels of unfused.hpp on the caller's stream without a host round trip.
+// A varlen batch is the exception: it runs sequence by sequence, each the
+// dense problem of its own lengths over views offset to its rows, so the
+// offsets are read on the host first (needs_host_offsets: dispatch copies
+// and checks them, one synchronisation with the stream).
 // Checked by tests/gpu/test_cuda_unfused.cpp (results against the CPU
-// backend, determinism, strides, the refusals and their messages).
+// backend, determinism, strides, the refusals and their messages) and
+// tests/gpu/test_varlen.cpp (varlen batches and q_start against the oracle).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -20,6 +26,7 @@
 #include "cuda/common/workspace.hpp"
 #include "cuda/unfused/unfused.hpp"
 #include "gqattn/attention.hpp"
+#include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
 
 namespace gqattn {
@@ -51,9 +58,12 @@ std::string gib(double bytes) {
 }
 
 // Workspace bytes: P [B, H, Tq, Tk] f32, and for backward D [B, H, Tq] f32.
+// A varlen batch runs one sequence at a time on one stream, so one
+// sequence's workspace at the longest lengths (Tq, Tk) serves them all.
 // In double first: for sizes no device holds the int64 product overflows.
 double workspace_bytes(const Problem& p, bool with_d) {
-  const double rows = double(p.B) * double(p.H) * double(p.Tq);
+  const double batch = p.varlen ? 1.0 : double(p.B);
+  const double rows = batch * double(p.H) * double(p.Tq);
   return rows * double(p.Tk) * sizeof(float) + (with_d ? rows * sizeof(float) : 0.0);
 }
 
@@ -94,6 +104,57 @@ unfused::Launch launch_on(void* stream) {
 unfused::In in(const TensorRef& t) { return {t.data, unfused::row_strides(t)}; }
 unfused::Out out(const TensorRef& t) { return {t.data, unfused::row_strides(t)}; }
 
+// Rows row0 .. row0 + rows - 1 of a varlen batch-of-one view (api/varlen.hpp:
+// q-like [1, total, heads, d], lse [1, H, total]): the data pointer moved to
+// row row0 and the row count set, so that the dense kernels address the
+// sequence as batch 0 of a problem with B = 1. A tensor without data (an
+// absent lse, or a packed tensor of no rows) stays without.
+TensorRef rows_of(const TensorRef& t, int64_t row0, int64_t rows) {
+  TensorRef v = t;
+  const int dim = t.rank == 3 ? 2 : 1;  // lse's positions are its last dimension
+  v.shape[dim] = rows;
+  if (t.data != nullptr && row0 != 0)
+    v.data = static_cast<char*>(t.data) + row0 * t.stride[dim] * int64_t(dtype_size(t.dtype));
+  return v;
+}
+
+// Sequence b of a varlen batch as a dense problem of one sequence: its own
+// lengths, the batch's q_start if given (else query_start()'s default, its
+// own Tk_b - Tq_b), the rest of the problem unchanged.
+Problem sequence_problem(const Problem& batch, int64_t tq, int64_t tk) {
+  Problem p = batch;
+  p.varlen = false;
+  p.B = 1;
+  p.Tq = tq;
+  p.Tk = tk;
+  return p;
+}
+
+const HostOffsets& host_offsets_of(const HostOffsets* host) {
+  // needs_host_offsets() makes dispatch read and check them for every call.
+  if (host == nullptr)
+    throw Error("backend", "cuda-unfused: a varlen batch arrived without its host offsets");
+  return *host;
+}
+
+// Zeros the dk, dv rows of sequence b's keys from `first` (its used keys,
+// or 0 for a sequence without queries) to the end of its packed rows.
+void zero_unread_keys(const BackwardArgs& args, const HostOffsets& host, int64_t b, int64_t first,
+                      const unfused::Launch& launch) {
+  const int64_t k0 = host.cu_seqlens_k[std::size_t(b)];
+  const int64_t packed = host.cu_seqlens_k[std::size_t(b) + 1] - k0;
+  if (packed <= first) return;
+  for (const TensorRef* t : {&args.dk, &args.dv}) {
+    unfused::ZeroRows zero;
+    zero.dtype = t->dtype;
+    zero.t = out(rows_of(*t, k0 + first, packed - first));
+    zero.rows = packed - first;
+    zero.heads = args.problem.Hkv;
+    zero.d = args.problem.d;
+    unfused::launch_zero_rows(zero, launch);
+  }
+}
+
 class CudaUnfusedBackend final : public BackendImpl {
  public:
   Backend id() const override { return Backend::CudaUnfused; }
@@ -101,7 +162,6 @@ class CudaUnfusedBackend final : public BackendImpl {
   std::string why_not(const Problem& problem, DType, Device device) const override {
     if (device != Device::cuda)
       return "tensors live in host memory; cuda-unfused needs CUDA device memory";
-    if (problem.varlen) return "not supported: cuda-unfused has no varlen kernels yet";
     std::string reason = cuda::why_no_device(kMinMajor, kMinMinor);
     if (reason.empty()) reason = unfused::why_no_kernel_image();
     if (!reason.empty()) return reason;
@@ -119,6 +179,9 @@ class CudaUnfusedBackend final : public BackendImpl {
              gib(double(total_bytes)) + kTooLargeAdvice;
     return "";
   }
+
+  // A varlen batch runs sequence by sequence from the host.
+  bool needs_host_offsets() const override { return true; }
 
   std::string why_not_tensor(const TensorRef& t, const char* name, Pass) const override {
     return cuda::why_not_device_pointer(t.data, name);
@@ -138,17 +201,24 @@ class CudaUnfusedBackend final : public BackendImpl {
     require_free_memory(bytes, /*with_d=*/false);
     const unfused::Launch launch = launch_on(args.options.stream);
     cuda::StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
-
-    unfused::ForwardPass pass;
-    pass.shape = detail::resolve(args.problem);
-    pass.dtype = args.q.dtype;
-    pass.q = in(args.q);
-    pass.k = in(args.k);
-    pass.v = in(args.v);
-    pass.o = out(args.o);
-    pass.lse = out(args.lse);  // data may be null: lse not written
-    pass.P = workspace.floats();
-    unfused::launch_forward(pass, launch);
+    if (!args.problem.varlen) {
+      forward_dense(args.problem, args.q, args.k, args.v, args.o, args.lse, workspace.floats(),
+                    launch);
+      return;
+    }
+    // One sequence after another on the stream, all in one workspace. A
+    // sequence without queries has nothing to write; one without keys gets
+    // o = 0 and lse = -inf from the kernel (no key is kept for any row).
+    const HostOffsets& host = host_offsets_of(args.host_offsets);
+    for (int64_t b = 0; b < args.problem.B; ++b) {
+      const int64_t tq = host.tq(b), tk = host.tk(b);
+      if (tq == 0) continue;
+      const int64_t q0 = host.cu_seqlens_q[std::size_t(b)];
+      const int64_t k0 = host.cu_seqlens_k[std::size_t(b)];
+      forward_dense(sequence_problem(args.problem, tq, tk), rows_of(args.q, q0, tq),
+                    rows_of(args.k, k0, tk), rows_of(args.v, k0, tk), rows_of(args.o, q0, tq),
+                    rows_of(args.lse, q0, tq), workspace.floats(), launch);
+    }
   }
 
   void backward(const BackwardArgs& args) const override {
@@ -156,8 +226,53 @@ class CudaUnfusedBackend final : public BackendImpl {
     require_free_memory(bytes, /*with_d=*/true);
     const unfused::Launch launch = launch_on(args.options.stream);
     cuda::StreamWorkspace workspace(static_cast<std::size_t>(bytes), launch.stream);
+    if (!args.problem.varlen) {
+      backward_dense(args, workspace.floats(), launch);
+      return;
+    }
+    // Each sequence's dk, dv rows are its own (no sum across sequences), so
+    // the sequences run one after another like independent problems. D
+    // follows P at the longest sequence's P size, as for a dense B = 1.
+    const HostOffsets& host = host_offsets_of(args.host_offsets);
+    for (int64_t b = 0; b < args.problem.B; ++b) {
+      const int64_t tq = host.tq(b), tk = host.tk(b);
+      if (tq == 0) {  // no query reads its keys
+        zero_unread_keys(args, host, b, 0, launch);
+        continue;
+      }
+      const int64_t q0 = host.cu_seqlens_q[std::size_t(b)];
+      const int64_t k0 = host.cu_seqlens_k[std::size_t(b)];
+      BackwardArgs one = args;
+      one.problem = sequence_problem(args.problem, tq, tk);
+      for (TensorRef* t : {&one.q, &one.o, &one.lse, &one.dout, &one.dq}) *t = rows_of(*t, q0, tq);
+      for (TensorRef* t : {&one.k, &one.v, &one.dk, &one.dv}) *t = rows_of(*t, k0, tk);
+      backward_dense(one, workspace.floats(), launch);
+      zero_unread_keys(args, host, b, tk, launch);  // keys past seqused_k
+    }
+  }
+
+ private:
+  static void forward_dense(const Problem& problem, const TensorRef& q, const TensorRef& k,
+                            const TensorRef& v, const TensorRef& o, const TensorRef& lse, float* P,
+                            const unfused::Launch& launch) {
+    unfused::ForwardPass pass;
+    pass.shape = detail::resolve(problem);
+    pass.dtype = q.dtype;
+    pass.q = in(q);
+    pass.k = in(k);
+    pass.v = in(v);
+    pass.o = out(o);
+    pass.lse = out(lse);  // data may be null: lse not written
+    pass.P = P;
+    unfused::launch_forward(pass, launch);
+  }
+
+  // The dense backward of args.problem, P and D in `workspace` (at least
+  // workspace_bytes(args.problem, true) bytes).
+  static void backward_dense(const BackwardArgs& args, float* workspace,
+                             const unfused::Launch& launch) {
     const unfused::Shape shape = detail::resolve(args.problem);
-    float* P = workspace.floats();
+    float* P = workspace;
     float* D = P + shape.B * shape.H * shape.Tq * shape.Tk;
 
     // P again, by the forward's own kernel: bit-identical to the P that
