@@ -8,8 +8,10 @@
 // and check's progress ("checking <backend> ...") always goes to stderr.
 // Usage errors print one line and exit 2; a failed check exits 1; a runtime
 // failure (out of memory, a CUDA error) exits 3.
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -62,6 +64,18 @@ each takes `--flag value` or `--flag=value`:
                  0 = none (FlashAttention window_size=(N-1, 0))   (96)
   --softcap X    s = X * tanh(s / X); 0 = off           (30)
   --scale X      score scale                            (1/sqrt(d))
+  --q-start N    query i sits at key position N + i; any integer, negative
+                 or past Tk (Tk - Tq: queries aligned to the end; in a
+                 varlen batch, each sequence's own Tk_b - Tq_b)
+  --varlen       a packed variable-length batch of B sequences, lengths
+                 drawn from --seed in [0, Tq] and [0, Tk] (0 and 1 often)
+  --seqlens-q L  varlen with these query lengths, e.g. 5,0,1,17 (B = their
+                 count, Tq = the longest unless --Tq/--T is given)
+  --seqlens-k L  varlen key lengths, e.g. 5,3,1,23 (with --seqlens-q)
+  --seqused-k L  varlen: keys used per sequence, e.g. 5,0,1,20, or
+                 `random`: drawn from --seed, each at most its key length
+  --no-check-offsets  varlen: Options::check_offsets off (device offsets
+                 are not read on the host; the CPU reads them anyway)
   --dtype T      f32, bf16 or f16                       (bf16)
   --backend B    cpu, cuda-unfused, cuda-flash, cuda-hopper, auto, or
                  all = every backend available here      (all)
@@ -79,6 +93,8 @@ const char* kExamples = R"(examples:
   gqattn check --backend cpu --dtype f32 --T 1000 --window 0
   gqattn check --B 1 --Tq 7 --Tk 300 --H 16 --Hkv 1 --d 128 --causal 0
   gqattn check --json --backend=cpu --dtype=f32 --T=64
+  gqattn check --backend cpu --varlen --B 6 --Tq 40 --Tk 70 --seqused-k random
+  gqattn check --backend cpu --seqlens-q 5,0,1,17 --seqlens-k 5,3,1,23 --q-start -3
   gqattn explain --B 8 --Tq 1 --Tk 8192 --H 32 --Hkv 8 --d 128 --causal 0 --window 0 --softcap 0
 )";
 
@@ -91,8 +107,10 @@ output (o, lse, dq, dk, dv) with the f64 oracle; exits 1 on a failure.
 const char* kExplainUsage = R"(usage: gqattn explain [flags]
 For each backend (and auto): whether it runs the problem's forward and backward,
 the plan it would run (tile, score mode, splits, dQ path, workspace), or why
-not; runs nothing. Takes check's problem flags, --dtype, --backend,
---forward-only and --json (--seed is accepted and ignored).
+not; runs nothing. Takes check's problem flags (--varlen and --q-start
+included; the varlen lengths are accepted and ignored, a plan does not depend
+on them), --dtype, --backend, --forward-only and --json (--seed is accepted
+and ignored).
 
 )";
 
@@ -132,6 +150,29 @@ float parse_float(const std::string& flag, const std::string& text) {
   if (errno == ERANGE && std::isinf(value))
     throw UsageError{flag + " = " + text + " is out of the float range"};
   return value;
+}
+
+// A comma-separated list of lengths, each in [0, 2^31).
+std::vector<int32_t> parse_lengths(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? comma : comma - at);
+    const int64_t value = parse_int(flag, item);
+    if (value < 0 || value > INT32_MAX)
+      throw UsageError{flag + " expects lengths in [0, 2^31), got " + item};
+    out.push_back(int32_t(value));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
+std::string lengths_text(const std::vector<int32_t>& lengths) {
+  std::string out;
+  for (std::size_t i = 0; i < lengths.size(); ++i)
+    out += (i ? "," : "") + std::to_string(lengths[i]);
+  return out;
 }
 
 gqattn::DType parse_dtype(const std::string& text) {
@@ -210,7 +251,20 @@ struct CheckArgs {
   uint64_t seed = 1;
   bool backward = true;
   bool json = false;
+  gqattn::check::VarlenConfig varlen;  // problem.varlen
 };
+
+// The checker's configuration for one backend.
+gqattn::check::Config check_config(const CheckArgs& c, gqattn::Backend backend) {
+  gqattn::check::Config config;
+  config.problem = c.problem;
+  config.dtype = c.dtype;
+  config.backend = backend;
+  config.seed = c.seed;
+  config.backward = c.backward;
+  config.varlen = c.varlen;
+  return config;
+}
 
 bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args)
@@ -229,18 +283,29 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
   p.causal = true;
   p.window = 96;
   p.softcap = 30.0f;
+  bool tq_given = false, tk_given = false, b_given = false, varlen_flag = false;
+  bool varlen_only = false;  // a flag that means nothing without varlen
+  std::string varlen_only_flag;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg.rfind("--", 0) != 0) throw UsageError{"unexpected argument '" + arg + "'"};
     // --flag=value or --flag value.
     const std::size_t eq = arg.find('=');
     const std::string flag = arg.substr(0, eq);
-    if (flag == "--forward-only" || flag == "--json") {
+    if (flag == "--forward-only" || flag == "--json" || flag == "--varlen" ||
+        flag == "--no-check-offsets") {
       if (eq != std::string::npos) throw UsageError{flag + " takes no value"};
-      if (flag == "--json")
+      if (flag == "--json") {
         c.json = true;
-      else
+      } else if (flag == "--varlen") {
+        varlen_flag = true;
+      } else if (flag == "--no-check-offsets") {
+        c.varlen.check_offsets = false;
+        varlen_only = true;
+        varlen_only_flag = flag;
+      } else {
         c.backward = false;
+      }
       continue;
     }
     std::string value;
@@ -250,15 +315,31 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) throw UsageError{flag + " needs a value"};
       value = args[++i];
     }
-    if (flag == "--B")
+    if (flag == "--B") {
       p.B = parse_int(flag, value);
-    else if (flag == "--T")
+      b_given = true;
+    } else if (flag == "--T") {
       p.Tq = p.Tk = parse_int(flag, value);
-    else if (flag == "--Tq")
+      tq_given = tk_given = true;
+    } else if (flag == "--Tq") {
       p.Tq = parse_int(flag, value);
-    else if (flag == "--Tk")
+      tq_given = true;
+    } else if (flag == "--Tk") {
       p.Tk = parse_int(flag, value);
-    else if (flag == "--H")
+      tk_given = true;
+    } else if (flag == "--q-start")
+      p.q_start = parse_int(flag, value);
+    else if (flag == "--seqlens-q")
+      c.varlen.seqlens_q = parse_lengths(flag, value);
+    else if (flag == "--seqlens-k")
+      c.varlen.seqlens_k = parse_lengths(flag, value);
+    else if (flag == "--seqused-k") {
+      c.varlen.seqused_k.clear();
+      c.varlen.draw_seqused_k = value == "random";
+      if (!c.varlen.draw_seqused_k) c.varlen.seqused_k = parse_lengths(flag, value);
+      varlen_only = true;
+      varlen_only_flag = flag;
+    } else if (flag == "--H")
       p.H = parse_int(flag, value);
     else if (flag == "--Hkv")
       p.Hkv = parse_int(flag, value);
@@ -282,7 +363,41 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
     else
       throw UsageError{"unknown flag '" + flag + "' (see gqattn --help)"};
   }
+  // Explicit lengths make a varlen batch of their count, as long as the
+  // longest unless the bounds were given.
+  const auto& lq = c.varlen.seqlens_q;
+  const auto& lk = c.varlen.seqlens_k;
+  if (lq.empty() != lk.empty()) throw UsageError{"--seqlens-q and --seqlens-k go together"};
+  if (!lq.empty()) {
+    if (lq.size() != lk.size())
+      throw UsageError{"--seqlens-q and --seqlens-k need as many lengths each"};
+    varlen_flag = true;
+    if (!b_given) p.B = int64_t(lq.size());
+    if (!tq_given) p.Tq = std::max<int64_t>(1, *std::max_element(lq.begin(), lq.end()));
+    if (!tk_given) p.Tk = std::max<int64_t>(1, *std::max_element(lk.begin(), lk.end()));
+  }
+  if (varlen_only && !varlen_flag) throw UsageError{varlen_only_flag + " needs --varlen"};
+  p.varlen = varlen_flag;
   return c;
+}
+
+std::string json_ints(const std::vector<int32_t>& values) {
+  std::vector<std::string> items;
+  for (int32_t v : values) items.push_back(std::to_string(v));
+  return json_array(items);
+}
+
+// A varlen batch's offsets as check runs them (given, or drawn from the
+// seed), or null for a dense problem.
+std::string varlen_json(const CheckArgs& c) {
+  if (!c.problem.varlen) return "null";
+  const auto layout = gqattn::check::layout_of(check_config(c, gqattn::Backend::Cpu));
+  return JsonObject()
+      .add("cu_seqlens_q", json_ints(layout.cu_seqlens_q))
+      .add("cu_seqlens_k", json_ints(layout.cu_seqlens_k))
+      .add("seqused_k", layout.seqused_k.empty() ? "null" : json_ints(layout.seqused_k))
+      .boolean("check_offsets", c.varlen.check_offsets)
+      .done();
 }
 
 // The problem as check and explain print it in JSON.
@@ -299,9 +414,11 @@ std::string problem_json(const CheckArgs& c) {
       .add("window", json_int(p.window))
       .add("softcap", json_number(p.softcap))
       .add("scale", json_number(p.effective_scale()))
+      .add("q_start", p.q_start ? json_int(*p.q_start) : "null")
       .str("dtype", gqattn::dtype_name(c.dtype))
       .add("seed", std::to_string(c.seed))
       .boolean("backward", c.backward)
+      .add("varlen", varlen_json(c))
       .done();
 }
 
@@ -357,6 +474,10 @@ int run_check(const std::vector<std::string>& args) {
   }
   const CheckArgs c = parse_check(args);
   const gqattn::Problem& p = c.problem;
+  // Lengths that do not fit the problem are a usage error (gqattn::Error,
+  // exit 2), reported before any work.
+  gqattn::oracle::VarlenLayout layout;
+  if (p.varlen) layout = gqattn::check::layout_of(check_config(c, gqattn::Backend::Cpu));
   std::vector<gqattn::Backend> backends;
   const bool all = c.backend == "all";
   if (all) {
@@ -384,19 +505,23 @@ int run_check(const std::vector<std::string>& args) {
   if (!c.json)
     std::printf(
         "problem: B=%lld Tq=%lld Tk=%lld H=%lld Hkv=%lld d=%lld causal=%d window=%lld "
-        "softcap=%g scale=%g dtype=%s seed=%llu\n\n",
+        "softcap=%g scale=%g q_start=%s dtype=%s seed=%llu\n",
         (long long)p.B, (long long)p.Tq, (long long)p.Tk, (long long)p.H, (long long)p.Hkv,
         (long long)p.d, p.causal ? 1 : 0, (long long)p.window, double(p.softcap),
-        double(p.effective_scale()), gqattn::dtype_name(c.dtype), (unsigned long long)c.seed);
+        double(p.effective_scale()),
+        p.q_start ? std::to_string(*p.q_start).c_str() : (p.varlen ? "Tk_b-Tq_b" : "Tk-Tq"),
+        gqattn::dtype_name(c.dtype), (unsigned long long)c.seed);
+  if (!c.json && p.varlen)
+    std::printf("varlen: cu_seqlens_q=%s cu_seqlens_k=%s seqused_k=%s check_offsets=%d\n",
+                lengths_text(layout.cu_seqlens_q).c_str(),
+                lengths_text(layout.cu_seqlens_k).c_str(),
+                layout.seqused_k.empty() ? "none" : lengths_text(layout.seqused_k).c_str(),
+                c.varlen.check_offsets ? 1 : 0);
+  if (!c.json) std::printf("\n");
   bool failed = false;
   int ran = 0;
   for (gqattn::Backend b : backends) {
-    gqattn::check::Config config;
-    config.problem = p;
-    config.dtype = c.dtype;
-    config.backend = b;
-    config.seed = c.seed;
-    config.backward = c.backward;
+    const gqattn::check::Config config = check_config(c, b);
     // Progress on stderr, so that a long check shows life and --json's
     // stdout stays JSON only.
     std::fflush(stdout);

@@ -1,6 +1,7 @@
 // Staged tensors for the checker; see staging.hpp.
 #include "check/staging.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <new>
@@ -24,6 +25,8 @@ constexpr std::align_val_t kHostAlignment{64};
 // Visits every element: fn(packed_index, offset_in_buffer).
 template <typename Fn>
 void for_each_element(const TensorRef& t, Fn fn) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return;
   int64_t index[4] = {0, 0, 0, 0};
   int64_t packed = 0;
   while (true) {
@@ -47,11 +50,15 @@ StagedTensor::StagedTensor(DType dtype, Device device, std::vector<int64_t> shap
   ref_.shape[ref_.rank - 1] = shape[std::size_t(ref_.rank - 1)];
   for (int i = ref_.rank - 2; i >= 0; --i) {
     ref_.shape[i] = shape[std::size_t(i)];
-    ref_.stride[i] = ref_.stride[i + 1] * ref_.shape[i + 1] + gap;
+    // An empty dimension still steps (stride 0 on a dimension of size > 1
+    // would repeat elements, which outputs may not).
+    ref_.stride[i] = ref_.stride[i + 1] * std::max<int64_t>(ref_.shape[i + 1], 1) + gap;
   }
   int64_t span = 1;
   for (int i = 0; i < ref_.rank; ++i) span += (ref_.shape[i] - 1) * ref_.stride[i];
   elements_ = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+  // No elements: a buffer of one, so that the tensor still has an address.
+  if (elements_ == 0) span = 1;
   buffer_bytes_ = std::size_t(span) * dtype_size(dtype);
   if (device == Device::cpu) {
     ref_.data = ::operator new(buffer_bytes_, kHostAlignment);
@@ -116,6 +123,39 @@ std::vector<float> StagedTensor::download() const {
     packed[std::size_t(i)] = load_as_float(image.data(), ref_.dtype, std::size_t(offset));
   });
   return packed;
+}
+
+StagedOffsets::StagedOffsets(const std::vector<int32_t>& values, Device device) {
+  ref_.device = device;
+  ref_.size = int64_t(values.size());
+  if (values.empty()) return;
+  const std::size_t bytes = values.size() * sizeof(int32_t);
+  if (device == Device::cpu) {
+    auto* host = static_cast<int32_t*>(::operator new(bytes, kHostAlignment));
+    std::memcpy(host, values.data(), bytes);
+    ref_.data = host;
+  } else {
+#ifdef GQATTN_WITH_CUDA
+    void* data = nullptr;
+    GQATTN_CUDA_CHECK(cudaMalloc(&data, bytes));
+    ref_.data = static_cast<const int32_t*>(data);
+    GQATTN_CUDA_CHECK(cudaMemcpy(data, values.data(), bytes, cudaMemcpyHostToDevice));
+#else
+    throw Error("device", "this build has no CUDA");
+#endif
+  }
+}
+
+StagedOffsets::~StagedOffsets() {
+  if (ref_.data == nullptr) return;
+  void* data = const_cast<int32_t*>(ref_.data);
+  if (ref_.device == Device::cpu) {
+    ::operator delete(data, kHostAlignment);
+  } else {
+#ifdef GQATTN_WITH_CUDA
+    cudaFree(data);
+#endif
+  }
 }
 
 void synchronize(Device device) {
