@@ -1,15 +1,23 @@
 // gqattn_fuzz: a seeded property fuzzer over validation and the CPU backend.
 // Each round draws a random problem (sizes, mask, window up to INT64_MAX,
-// softcap, scale), dtype, and tensors placed in one byte arena with random
-// strides, padding, offsets, and now and then a broken argument: an output
-// aliasing or overlapping another argument or itself, a wrong shape, dtype or
-// rank, a null or misaligned pointer, a negative or huge stride. Then forward
-// (and backward on forward's o and lse) through the public API. Properties,
-// each a failure (exit 1) when broken:
+// softcap, scale, a query offset q_start: unset, before, inside or past the
+// keys, now and then at or beyond its +-2^53 limit), dense or a varlen batch
+// (up to 4 sequences with lengths 0 and 1 often, bounds Tq/Tk at or above
+// the longest, seqused_k now and then; host offsets), dtype, and tensors
+// placed in one byte arena with random strides, padding, offsets, and now
+// and then a broken argument: an output aliasing or overlapping another
+// argument or itself, a wrong shape, dtype or rank, a null or misaligned
+// pointer, a negative or huge stride, or (varlen) broken offsets. Then
+// forward (and backward on forward's o and lse) through the public API.
+// Properties, each a failure (exit 1) when broken:
+//   - a call with nothing broken is accepted (empty varlen tensors, q_start
+//     anywhere within +-2^53 included);
 //   - a rejected call throws gqattn::Error and leaves every arena byte as
-//     it was (nothing written);
+//     it was (nothing written); broken offsets are always rejected (host
+//     offsets are always checked);
 //   - an accepted call writes every output element, writes no byte outside
 //     its outputs, and agrees with the f64 oracle on the same rounded inputs
+//     (varlen: forward_varlen/backward_varlen, sequence by sequence)
 //     (relative to max(1, max |ref|): f32 within 1e-4; 16-bit o within 2^-5,
 //     16-bit gradients by the project's rule, check::tolerance, against the
 //     f32 mirror's error on the same inputs);
@@ -56,6 +64,8 @@ struct Slot {
 };
 
 int64_t span_of(const TensorRef& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return 0;  // an empty varlen tensor covers no byte
   int64_t last = 0;
   for (int i = 0; i < t.rank; ++i) last += (t.shape[i] - 1) * t.stride[i];
   return (last + 1) * static_cast<int64_t>(dtype_size(t.dtype));
@@ -83,28 +93,179 @@ struct Round {
   Slot q, k, v, o, lse, dout, dq, dk, dv;
   bool broken = false;  // an argument was broken on purpose
   std::string what;     // which
+  // Varlen (p.varlen): the true layout (what the oracle runs), and the
+  // offsets the call is given: the same, unless offsets_broken.
+  oracle::VarlenLayout layout;
+  oracle::VarlenLayout given;
+  bool offsets_broken = false;
+  int64_t given_size_q = 0, given_size_k = 0, given_size_used = 0;  // OffsetsRef::size
+  bool null_cu_q = false;
+
+  VarlenOffsets offsets() const {
+    VarlenOffsets out;
+    out.cu_seqlens_q = {null_cu_q ? nullptr : given.cu_seqlens_q.data(), Device::cpu, given_size_q};
+    out.cu_seqlens_k = {given.cu_seqlens_k.data(), Device::cpu, given_size_k};
+    if (!given.seqused_k.empty())
+      out.seqused_k = {given.seqused_k.data(), Device::cpu, given_size_used};
+    return out;
+  }
 };
+
+// The rank a tensor of the round has when nothing is broken.
+int rank_of(const Round& r, const Slot* s) {
+  const bool lse = s == &r.lse;
+  return r.p.varlen ? (lse ? 2 : 3) : (lse ? 3 : 4);
+}
+
+// A length in [0, max], 0 and 1 often (the edges of every sequence loop).
+int64_t draw_length(Rng& rng, int64_t max) {
+  switch (rng.range(0, 4)) {
+    case 0: return 0;
+    case 1: return std::min<int64_t>(1, max);
+    case 2: return max;
+    default: return rng.range(0, max);
+  }
+}
+
+// A varlen batch: B, the lengths, the bounds Tq/Tk (the longest, sometimes
+// more), seqused_k now and then.
+void draw_varlen(Rng& rng, Round& r) {
+  Problem& p = r.p;
+  p.B = rng.range(1, 4);
+  const int64_t max_q = rng.range(1, 12), max_k = rng.range(1, 12);
+  oracle::VarlenLayout& L = r.layout;
+  L.cu_seqlens_q = {0};
+  L.cu_seqlens_k = {0};
+  int64_t longest_q = 0, longest_k = 0;
+  std::vector<int32_t> keys;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t tq = draw_length(rng, max_q), tk = draw_length(rng, max_k);
+    L.cu_seqlens_q.push_back(int32_t(L.cu_seqlens_q.back() + tq));
+    L.cu_seqlens_k.push_back(int32_t(L.cu_seqlens_k.back() + tk));
+    keys.push_back(int32_t(tk));
+    longest_q = std::max(longest_q, tq);
+    longest_k = std::max(longest_k, tk);
+  }
+  if (rng.chance(0.3))
+    for (int32_t n : keys) L.seqused_k.push_back(int32_t(draw_length(rng, n)));
+  // Tq, Tk: bounds (max_seqlen), at least 1.
+  p.Tq = std::max<int64_t>(1, longest_q) + (rng.chance(0.3) ? rng.range(1, 3) : 0);
+  p.Tk = std::max<int64_t>(1, longest_k) + (rng.chance(0.3) ? rng.range(1, 3) : 0);
+  r.given = L;
+  r.given_size_q = r.given_size_k = p.B + 1;
+  r.given_size_used = p.B;
+}
+
+// Breaks one rule of the offsets (docs/semantics.md, "Variable-length
+// batches"), where the layout allows it; each must be refused.
+void break_offsets(Rng& rng, Round& r) {
+  oracle::VarlenLayout& g = r.given;
+  const int64_t B = r.p.B;
+  int64_t longest_q = 0;
+  for (int64_t b = 0; b < B; ++b)
+    longest_q = std::max<int64_t>(longest_q, g.cu_seqlens_q[b + 1] - g.cu_seqlens_q[b]);
+  r.offsets_broken = true;
+  switch (rng.range(0, 6)) {
+    case 0:  // does not start at 0 (the total moves with it: one rule at least)
+      g.cu_seqlens_k[0] = 1;
+      r.what = "cu_seqlens_k[0] != 0";
+      break;
+    case 1:  // does not end at the total
+      g.cu_seqlens_q[B] += 1;
+      r.what = "cu_seqlens_q end != total_q";
+      break;
+    case 2:  // decreases
+      if (B >= 2 && g.cu_seqlens_k[1] > 0) {
+        g.cu_seqlens_k[1] = g.cu_seqlens_k[2] + 1;
+        r.what = "cu_seqlens_k decreases";
+      } else {
+        g.cu_seqlens_q[B] = -1;
+        r.what = "cu_seqlens_q negative";
+      }
+      break;
+    case 3:  // a sequence longer than the bound
+      if (longest_q >= 2) {
+        r.p.Tq = longest_q - 1;
+        r.what = "sequence longer than Tq";
+      } else {
+        r.given_size_q = B;
+        r.what = "cu_seqlens_q size";
+      }
+      break;
+    case 4:  // seqused_k past its keys
+      if (g.seqused_k.empty()) g.seqused_k.assign(std::size_t(B), 0);
+      g.seqused_k[std::size_t(rng.range(0, B - 1))] = int32_t(g.cu_seqlens_k[B] + 1);
+      r.what = "seqused_k past its keys";
+      break;
+    case 5:  // wrong size
+      if (!g.seqused_k.empty()) {
+        r.given_size_used = B + 1;
+        r.what = "seqused_k size";
+      } else {
+        r.given_size_k = B + 2;
+        r.what = "cu_seqlens_k size";
+      }
+      break;
+    case 6:
+      r.null_cu_q = true;
+      r.what = "cu_seqlens_q null";
+      break;
+  }
+  // Room for a size made larger than the vector.
+  g.cu_seqlens_k.resize(std::size_t(B + 2), g.cu_seqlens_k.back());
+  if (!g.seqused_k.empty()) g.seqused_k.resize(std::size_t(B + 1), 0);
+}
+
+// Where the queries sit: unset (each problem's or sequence's default) half
+// the time, else before the keys, among them, past them, or at the limits
+// of the rule (+-2^53 accepted, beyond refused: then true).
+bool draw_q_start(Rng& rng, Problem& p) {
+  if (rng.chance(0.5)) return false;
+  const int64_t limit = int64_t{1} << 53;
+  switch (rng.range(0, 5)) {
+    case 0: p.q_start = rng.range(-p.Tq - 3, -1); break;
+    case 1:
+    case 2: p.q_start = rng.range(0, p.Tk); break;
+    case 3: p.q_start = rng.range(p.Tk + 1, p.Tk + 6); break;
+    case 4: p.q_start = rng.chance(0.5) ? limit : -limit; break;
+    case 5:
+      p.q_start = rng.chance(0.5) ? limit + 1 : std::numeric_limits<int64_t>::min();
+      return true;
+  }
+  return false;
+}
 
 // Strides for shape with random padding and dimension order (last stride 1).
 void layout(Rng& rng, TensorRef& t) {
   int order[3] = {0, 1, 2};
   const int outer = t.rank - 1;
   if (outer == 3 && rng.chance(0.3)) std::swap(order[1], order[2]);  // [B, heads, T, d]
-  int64_t stride = t.shape[t.rank - 1] + (rng.chance(0.3) ? rng.range(1, 3) : 0);
+  // Varlen [heads, total, d]; lse [B, Tq, H].
+  if (outer == 2 && rng.chance(0.3)) std::swap(order[0], order[1]);
+  // An empty dimension (a varlen batch without rows) still steps, as
+  // PyTorch's strides do: stride 0 on a dimension of size > 1 is refused.
+  int64_t stride =
+      std::max<int64_t>(t.shape[t.rank - 1], 1) + (rng.chance(0.3) ? rng.range(1, 3) : 0);
   t.stride[t.rank - 1] = 1;
   for (int x = outer - 1; x >= 0; --x) {
     const int a = order[x];
     t.stride[a] = stride;
-    stride = stride * t.shape[a] + (rng.chance(0.3) ? rng.range(1, 5) : 0);
+    stride = stride * std::max<int64_t>(t.shape[a], 1) + (rng.chance(0.3) ? rng.range(1, 5) : 0);
   }
 }
 
 Round make_round(Rng& rng) {
   Round r;
   Problem& p = r.p;
-  p.B = rng.range(1, 2);
-  p.Tq = rng.range(1, 12);
-  p.Tk = rng.range(1, 12);
+  p.varlen = rng.chance(0.3);
+  if (p.varlen) {
+    draw_varlen(rng, r);
+  } else {
+    p.B = rng.range(1, 2);
+    p.Tq = rng.range(1, 12);
+    p.Tk = rng.range(1, 12);
+  }
+  const bool q_start_refused = draw_q_start(rng, p);
   p.Hkv = rng.range(1, 2);
   p.H = p.Hkv * rng.range(1, 3);
   p.d = rng.range(1, 16);
@@ -130,7 +291,19 @@ Round make_round(Rng& rng) {
     TensorRef& t = s->ref;
     t.device = Device::cpu;
     t.dtype = s == &r.lse ? DType::f32 : r.dtype;
-    if (s == &r.lse) {
+    if (p.varlen) {
+      const int64_t total_q = r.layout.cu_seqlens_q.back();
+      const int64_t total_k = r.layout.cu_seqlens_k.back();
+      t.rank = rank_of(r, s);
+      if (s == &r.lse) {
+        t.shape[0] = p.H;
+        t.shape[1] = total_q;
+      } else {
+        t.shape[0] = qlike ? total_q : total_k;
+        t.shape[1] = qlike ? p.H : p.Hkv;
+        t.shape[2] = p.d;
+      }
+    } else if (s == &r.lse) {
       t.rank = 3;
       t.shape[0] = p.B;
       t.shape[1] = p.H;
@@ -153,8 +326,12 @@ Round make_round(Rng& rng) {
     s->span_bytes = span_of(s->ref);
     at += (s->span_bytes + 3) / 4 * 4;
   }
-  // Now and then, break one thing.
-  if (rng.chance(0.35)) {
+  // Now and then, break one thing: in a varlen batch, now and then its
+  // offsets.
+  if (p.varlen && rng.chance(0.12)) {
+    r.broken = true;
+    break_offsets(rng, r);
+  } else if (rng.chance(0.35)) {
     r.broken = true;
     Slot* out =
         rng.chance(0.5) ? &r.o : (rng.chance(0.5) ? &r.dq : (rng.chance(0.5) ? &r.dk : &r.lse));
@@ -170,7 +347,7 @@ Round make_round(Rng& rng) {
         }
         break;
       case 1:  // self overlap: a stride of the output made small
-        if (out->ref.shape[out->ref.rank - 1] > 1 || out->ref.rank == 3) {
+        if (out->ref.shape[out->ref.rank - 1] > 1 || out->ref.rank == rank_of(r, &r.lse)) {
           const int a = int(rng.range(0, out->ref.rank - 2));
           out->ref.stride[a] = rng.range(1, 2);
           r.what = "overlap";
@@ -188,7 +365,7 @@ Round make_round(Rng& rng) {
         r.what = "dtype";
         break;
       case 4:
-        any->ref.rank = any->ref.rank == 4 ? 3 : 4;
+        any->ref.rank = any->ref.rank == 4 ? 3 : 4;  // varlen lse: 2 -> 4
         r.what = "rank";
         break;
       case 5:
@@ -215,6 +392,10 @@ Round make_round(Rng& rng) {
         r.what != "null")
       any->span_bytes = 0;
   }
+  if (q_start_refused) {
+    r.broken = true;
+    r.what += r.what.empty() ? "q_start out of range" : ", q_start out of range";
+  }
   // Room for every tensor where it now lies (an output moved onto another
   // argument may reach past the end; a huge or negative stride is refused
   // before anything is read).
@@ -239,7 +420,7 @@ Round make_round(Rng& rng) {
     const TensorRef& t = s->ref;
     if (t.data == nullptr || s->span_bytes == 0) continue;
     if (s->offset_bytes % int64_t(dtype_size(t.dtype)) != 0) continue;  // refused unread
-    if (t.rank != (s == &r.lse ? 3 : 4)) continue;
+    if (t.rank != rank_of(r, s)) continue;
     for (int64_t n = 0; n < numel(t); ++n)
       store_from_float(t.data, t.dtype, std::size_t(offset_of(t, n)), rng.normal());
   }
@@ -294,11 +475,29 @@ MirrorGradients mirror_gradients(const Round& r, const std::vector<double>& Q,
                      lse = f32(packed(r.lse.ref)), dout = f32(packed(r.dout.ref));
   MirrorGradients g{std::vector<float>(q.size()), std::vector<float>(k.size()),
                     std::vector<float>(v.size())};
+  Options options;
+  options.backend = Backend::Cpu;
+  if (p.varlen) {
+    const int64_t total_q = r.layout.cu_seqlens_q.back(), total_k = r.layout.cu_seqlens_k.back();
+    auto rows = [&](std::vector<float>& x, int64_t total, int64_t heads) {
+      return contiguous(x.data(), DType::f32, Device::cpu, total, heads, p.d);
+    };
+    TensorRef lse_ref;  // [H, total_q]
+    lse_ref.data = lse.data();
+    lse_ref.rank = 2;
+    lse_ref.shape[0] = p.H;
+    lse_ref.shape[1] = total_q;
+    lse_ref.stride[0] = total_q;
+    lse_ref.stride[1] = 1;
+    backward(p, r.offsets(), rows(q, total_q, p.H), rows(k, total_k, p.Hkv),
+             rows(v, total_k, p.Hkv), rows(o, total_q, p.H), lse_ref, rows(dout, total_q, p.H),
+             rows(g.dq, total_q, p.H), rows(g.dk, total_k, p.Hkv), rows(g.dv, total_k, p.Hkv),
+             options);
+    return g;
+  }
   auto rows = [&](std::vector<float>& x, int64_t T, int64_t heads) {
     return contiguous(x.data(), DType::f32, Device::cpu, p.B, T, heads, p.d);
   };
-  Options options;
-  options.backend = Backend::Cpu;
   backward(p, rows(q, p.Tq, p.H), rows(k, p.Tk, p.Hkv), rows(v, p.Tk, p.Hkv), rows(o, p.Tq, p.H),
            contiguous(lse.data(), DType::f32, Device::cpu, p.B, p.H, p.Tq), rows(dout, p.Tq, p.H),
            rows(g.dq, p.Tq, p.H), rows(g.dk, p.Tk, p.Hkv), rows(g.dv, p.Tk, p.Hkv), options);
@@ -359,7 +558,7 @@ int main(int argc, char** argv) {
   Options options;
   options.backend = Backend::Cpu;
   const auto start = std::chrono::steady_clock::now();
-  int64_t round = 0, rejected = 0, accepted = 0;
+  int64_t round = 0, rejected = 0, accepted = 0, varlen = 0;
   for (; round < rounds; ++round) {
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds)
       break;
@@ -367,22 +566,30 @@ int main(int argc, char** argv) {
     Round r = make_round(rng);
     const std::vector<unsigned char> before = r.arena;
     bool threw = false;
+    std::string why;  // a rejection's message
     try {
-      forward(r.p, r.q.ref, r.k.ref, r.v.ref, r.o.ref, r.lse.ref, options);
-    } catch (const Error&) {
+      if (r.p.varlen)
+        forward(r.p, r.offsets(), r.q.ref, r.k.ref, r.v.ref, r.o.ref, r.lse.ref, options);
+      else
+        forward(r.p, r.q.ref, r.k.ref, r.v.ref, r.o.ref, r.lse.ref, options);
+    } catch (const Error& e) {
       threw = true;
+      why = e.what();
     }
     if (threw) {
       ++rejected;
       if (r.arena != before) fail(seed, round, "forward rejected but wrote (" + r.what + ")");
+      if (!r.broken) fail(seed, round, "forward rejected a valid call: " + why);
       continue;
     }
+    if (r.offsets_broken) fail(seed, round, "forward accepted broken offsets (" + r.what + ")");
     // An accepted call: only o and lse written, and right.
     if (!only_outputs_written(r, before, {&r.o, &r.lse}))
       fail(seed, round, "forward wrote outside o and lse (" + r.what + ")");
     const double tol = r.dtype == DType::f32 ? 1e-4 : 1.0 / 32.0;
     const auto Q = packed(r.q.ref), K = packed(r.k.ref), V = packed(r.v.ref);
-    const oracle::ForwardResult fwd = oracle::forward(r.p, Q, K, V);
+    const oracle::ForwardResult fwd =
+        r.p.varlen ? oracle::forward_varlen(r.p, r.layout, Q, K, V) : oracle::forward(r.p, Q, K, V);
     if (error_of(r.o.ref, fwd.o) > tol) fail(seed, round, "o disagrees with the oracle");
     if (r.lse.ref.data != nullptr && error_of(r.lse.ref, fwd.lse) > 1e-4)
       fail(seed, round, "lse disagrees with the oracle");
@@ -390,24 +597,33 @@ int main(int argc, char** argv) {
     const std::vector<unsigned char> mid = r.arena;
     threw = false;
     try {
-      backward(r.p, r.q.ref, r.k.ref, r.v.ref, r.o.ref, r.lse.ref, r.dout.ref, r.dq.ref, r.dk.ref,
-               r.dv.ref, options);
-    } catch (const Error&) {
+      if (r.p.varlen)
+        backward(r.p, r.offsets(), r.q.ref, r.k.ref, r.v.ref, r.o.ref, r.lse.ref, r.dout.ref,
+                 r.dq.ref, r.dk.ref, r.dv.ref, options);
+      else
+        backward(r.p, r.q.ref, r.k.ref, r.v.ref, r.o.ref, r.lse.ref, r.dout.ref, r.dq.ref, r.dk.ref,
+                 r.dv.ref, options);
+    } catch (const Error& e) {
       threw = true;
+      why = e.what();
     }
     if (threw) {
       ++rejected;
       if (r.arena != mid) fail(seed, round, "backward rejected but wrote (" + r.what + ")");
+      if (!r.broken) fail(seed, round, "backward rejected a valid call: " + why);
       continue;
     }
     ++accepted;
+    varlen += r.p.varlen ? 1 : 0;
     if (!only_outputs_written(r, mid, {&r.dq, &r.dk, &r.dv}))
       fail(seed, round, "backward wrote outside dq, dk, dv (" + r.what + ")");
     // The oracle's gradients, from the inputs as the backend saw them. f32
     // is held to a fixed bound; 16-bit to the project's rule
     // (check::tolerance): 2 x the f32 mirror's error on the same inputs,
     // with o rounded to the dtype as the backward saw it, plus roundings.
-    const oracle::Gradients g = oracle::backward(r.p, Q, K, V, packed(r.dout.ref));
+    const oracle::Gradients g =
+        r.p.varlen ? oracle::backward_varlen(r.p, r.layout, Q, K, V, packed(r.dout.ref))
+                   : oracle::backward(r.p, Q, K, V, packed(r.dout.ref));
     MirrorGradients mirror;
     if (r.dtype != DType::f32) mirror = mirror_gradients(r, Q, K, V);
     const auto bound = [&](const char* name, const std::vector<float>& mirrored,
@@ -424,8 +640,9 @@ int main(int argc, char** argv) {
              std::to_string(r.p.Tq) + " Tk " + std::to_string(r.p.Tk) + " H " +
              std::to_string(r.p.H) + " Hkv " + std::to_string(r.p.Hkv) + " d " +
              std::to_string(r.p.d) + " softcap " + std::to_string(r.p.softcap) + " window " +
-             std::to_string(r.p.window) + " causal " + std::to_string(r.p.causal) + " broken " +
-             r.what;
+             std::to_string(r.p.window) + " causal " + std::to_string(r.p.causal) + " q_start " +
+             (r.p.q_start ? std::to_string(*r.p.q_start) : "unset") + " varlen " +
+             std::to_string(r.p.varlen) + " broken " + r.what;
     };
     const double dq_error = error_of(r.dq.ref, g.dq);
     if (dq_error > dq_tol) fail(seed, round, describe("dq", dq_error));
@@ -434,7 +651,10 @@ int main(int argc, char** argv) {
     const double dv_error = error_of(r.dv.ref, g.dv);
     if (dv_error > dv_tol) fail(seed, round, describe("dv", dv_error));
   }
-  std::printf("gqattn_fuzz: seed %llu, %lld rounds, %lld calls rejected, %lld fully accepted\n",
-              (unsigned long long)seed, (long long)round, (long long)rejected, (long long)accepted);
+  std::printf(
+      "gqattn_fuzz: seed %llu, %lld rounds, %lld calls rejected, %lld fully accepted (%lld "
+      "varlen)\n",
+      (unsigned long long)seed, (long long)round, (long long)rejected, (long long)accepted,
+      (long long)varlen);
   return 0;
 }
