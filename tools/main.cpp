@@ -74,8 +74,9 @@ each takes `--flag value` or `--flag=value`:
   --seqlens-k L  varlen key lengths, e.g. 5,3,1,23 (with --seqlens-q)
   --seqused-k L  varlen: keys used per sequence, e.g. 5,0,1,20, or
                  `random`: drawn from --seed, each at most its key length
-  --no-check-offsets  varlen: Options::check_offsets off (device offsets
-                 are not read on the host; the CPU reads them anyway)
+  --no-check-offsets  varlen: Options::check_offsets off (offsets on a
+                 CUDA device are not copied and checked before the call;
+                 backends that run sequence by sequence still read them)
   --dtype T      f32, bf16 or f16                       (bf16)
   --backend B    cpu, cuda-unfused, cuda-flash, cuda-hopper, auto, or
                  all = every backend available here      (all)
