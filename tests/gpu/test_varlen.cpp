@@ -28,6 +28,8 @@
 //                      with no CUDA error and no byte written outside the
 //                      outputs. Meant to run under compute-sanitizer too
 //                      (--gtest_filter='*VarlenOffsets.UncheckedOffsets*').
+//   VarlenUnfused.*     cuda-unfused in f32 against the CPU mirror, whose
+//                      float operations it repeats (the parity reference).
 //   DenseQueryOffset.*  dense problems with q_start through gqattn::check.
 // A backend that refuses a case (gqattn::explain) skips it with the reason;
 // one that runs it must pass. The cpu backend runs the same varlen cases as
@@ -43,6 +45,7 @@ TEST(VarlenVsOracle, NeedsCuda) { GTEST_SKIP() << "no CUDA device: this build ha
 
 #else
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -376,6 +379,51 @@ TEST_P(VarlenVsOracle, ASequenceGivesTheSameBitsAloneAndInTheBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, VarlenVsOracle, ::testing::ValuesIn(params()), param_name);
+
+// max |x - ref| / max |ref| over a whole output; infinite where an
+// infinity or NaN differs.
+double relative_difference(const std::vector<float>& x, const std::vector<float>& ref) {
+  double max_ref = 0.0, max_diff = 0.0;
+  for (std::size_t e = 0; e < ref.size(); ++e) {
+    if (std::isnan(x[e]) || std::isnan(ref[e])) return INFINITY;
+    if (std::isinf(x[e]) || std::isinf(ref[e])) {
+      if (x[e] != ref[e]) return INFINITY;
+      continue;
+    }
+    max_ref = std::max(max_ref, std::fabs(double(ref[e])));
+    max_diff = std::max(max_diff, std::fabs(double(x[e]) - double(ref[e])));
+  }
+  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
+}
+
+// cuda-unfused is the parity reference of the fused backends' varlen
+// kernels: in f32 it runs each sequence with the CPU mirror's float
+// operations in the mirror's order, so its outputs are the mirror's within
+// the bounds of test_cuda_unfused.cpp (1e-6; gradients under a softcap
+// 1e-5, glibc's tanhf being an ulp off on some inputs).
+TEST(VarlenUnfused, F32MatchesTheCpuMirror) {
+  GQATTN_SKIP_WITHOUT_CUDA();
+  for (const VarlenCase& c : varlen_cases()) {
+    const Param p{Backend::CudaUnfused, DType::f32, c, c.ds.front()};
+    const vl::Batch batch = batch_of(p);
+    const std::string refused = why_not(p, batch.problem, gqattn::Pass::backward);
+    if (!refused.empty()) GTEST_SKIP() << refused;
+    vl::RunSpec spec;
+    spec.backend = Backend::CudaUnfused;
+    spec.dtype = DType::f32;
+    spec.o_rounding = DType::f32;
+    const vl::RunResult got = vl::run(batch, spec);
+    const vl::RunResult cpu = vl::run_mirror(batch);
+    const double grad_bound = c.base.softcap > 0.0f ? 1e-5 : 1e-6;
+    EXPECT_LE(relative_difference(got.o_values(), cpu.o_values()), 1e-6) << c.name << ": o";
+    EXPECT_LE(relative_difference(got.lse_values(), cpu.lse_values()), 1e-6) << c.name << ": lse";
+    EXPECT_LE(relative_difference(got.dq_values(), cpu.dq_values()), grad_bound)
+        << c.name << ": dq";
+    EXPECT_LE(relative_difference(got.dk_values(), cpu.dk_values()), grad_bound)
+        << c.name << ": dk";
+    EXPECT_LE(relative_difference(got.dv_values(), cpu.dv_values()), 1e-6) << c.name << ": dv";
+  }
+}
 
 // ---- wrong offsets ------------------------------------------------------------------
 

@@ -66,8 +66,10 @@ struct Range {
   int64_t first, last;
 };
 
-// The keys query i keeps: the seed's [jmin, jmax] with the offset of Tq != Tk.
-// Signed, so a causal query before every key gets an empty range.
+// The keys query i keeps: the seed's [jmin, jmax], query i at position
+// i + off (Problem::query_start(): q_start, or Tk - Tq; the only place the
+// kernels place queries among keys). Signed, so a causal query before
+// every key, or a window past the last, gets an empty range.
 __device__ __forceinline__ Range kept_keys(const Shape& s, int64_t i) {
   const int64_t pos = i + s.off;
   const int64_t last = s.causal ? min(pos, s.Tk - 1) : s.Tk - 1;
