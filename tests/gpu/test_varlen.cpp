@@ -29,7 +29,9 @@
 //                      outputs. Meant to run under compute-sanitizer too
 //                      (--gtest_filter='*VarlenOffsets.UncheckedOffsets*').
 //   VarlenUnfused.*     cuda-unfused in f32 against the CPU mirror, whose
-//                      float operations it repeats (the parity reference).
+//                      float operations it repeats (the parity reference);
+//                      a varlen call under graph capture refused (it reads
+//                      the offsets on the host).
 //   DenseQueryOffset.*  dense problems with q_start through gqattn::check.
 // A backend that refuses a case (gqattn::explain) skips it with the reason;
 // one that runs it must pass. The cpu backend runs the same varlen cases as
@@ -537,6 +539,67 @@ TEST_P(VarlenOffsets, UncheckedOffsetsStayInsideTheTensors) {
   }
   if (GetParam().backend != Backend::Cpu)
     gqattn::test::cuda_ok(cudaGetLastError(), "after unchecked offsets");
+}
+
+// cuda-unfused reads a varlen batch's offsets on the host (a
+// synchronisation with the stream) whatever Options::check_offsets says, so
+// such a call cannot be captured in a CUDA graph: under capture it throws a
+// gqattn::Error naming the offsets and writes nothing, and the stream runs
+// the same call uncaptured afterwards.
+TEST(VarlenUnfused, RefusedUnderGraphCaptureNamingTheOffsets) {
+  GQATTN_SKIP_WITHOUT_CUDA();
+  const vl::Batch batch = small_batch(64);
+  const Param param{Backend::CudaUnfused, DType::bf16, {}, 64};
+  const std::string refused = why_not(param, batch.problem, gqattn::Pass::forward);
+  if (!refused.empty()) GTEST_SKIP() << refused;
+  const Problem& p = batch.problem;
+  const DType t = DType::bf16;
+  const std::size_t q_bytes = std::size_t(batch.total_q() * p.H * p.d) * 2;
+  const std::size_t kv_bytes = std::size_t(batch.total_k() * p.Hkv * p.d) * 2;
+  const std::size_t lse_bytes = std::size_t(p.H * batch.total_q()) * sizeof(float);
+  vl::GuardedBuffer q(Device::cuda, q_bytes), k(Device::cuda, kv_bytes), v(Device::cuda, kv_bytes),
+      o(Device::cuda, q_bytes), lse(Device::cuda, lse_bytes);
+  q.upload(vl::encode(t, batch.q));
+  k.upload(vl::encode(t, batch.k));
+  v.upload(vl::encode(t, batch.v));
+  const vl::Int32Vector cu_q(Device::cuda, batch.layout.cu_seqlens_q);
+  const vl::Int32Vector cu_k(Device::cuda, batch.layout.cu_seqlens_k);
+  const gqattn::VarlenOffsets offsets{cu_q.ref(), cu_k.ref(), {}};
+  gqattn::test::Stream stream;
+  gqattn::Options options;
+  options.backend = Backend::CudaUnfused;
+  options.stream = stream.get();
+  options.check_offsets = false;
+  auto call = [&] {
+    gqattn::forward(p, offsets, vl::packed(q, t, Device::cuda, batch.total_q(), p.H, p.d),
+                    vl::packed(k, t, Device::cuda, batch.total_k(), p.Hkv, p.d),
+                    vl::packed(v, t, Device::cuda, batch.total_k(), p.Hkv, p.d),
+                    vl::packed(o, t, Device::cuda, batch.total_q(), p.H, p.d),
+                    vl::lse_ref(lse, Device::cuda, p.H, batch.total_q()), options);
+  };
+  gqattn::test::device_synchronize();  // the uploads ran on the legacy stream
+
+  gqattn::test::cuda_ok(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
+                        "cudaStreamBeginCapture");
+  std::string error;
+  try {
+    call();
+  } catch (const gqattn::Error& e) {
+    error = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  (void)cudaStreamEndCapture(stream.get(), &graph);  // invalidated by the refused copy
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  EXPECT_NE(error.find("sequence offsets"), std::string::npos) << "got '" << error << "'";
+  const vl::Output refused_o = vl::read_output(o, q_bytes);
+  EXPECT_TRUE(refused_o.guards_intact && all_poison(refused_o.bytes)) << "written under capture";
+
+  call();
+  stream.synchronize();
+  const vl::Output ran = vl::read_output(o, q_bytes);
+  EXPECT_TRUE(ran.guards_intact);
+  EXPECT_FALSE(vl::is_poison(ran.bytes.data(), 2)) << "the uncaptured call wrote nothing";
 }
 
 std::vector<OffsetsParam> offsets_params() {
