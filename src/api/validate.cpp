@@ -68,6 +68,7 @@ std::string shape_str(const int64_t* s, int r) {
 // > 1 by stride; each stride must exceed the furthest element the smaller
 // ones reach.
 bool overlaps_itself(const TensorRef& t) {
+  if (span_elements(t) == 0) return false;  // no element (a packed tensor of no rows)
   int order[4];
   int n = 0;
   for (int i = 0; i < t.rank; ++i)
