@@ -65,7 +65,8 @@ std::vector<int32_t> copy_to_host(const OffsetsRef& o, void* stream) {
     throw Error("sequence offsets",
                 std::string("copying them to the host for their check failed: ") +
                     cudaGetErrorString(e) +
-                    " (under CUDA graph capture, set Options::check_offsets = false)");
+                    " (under CUDA graph capture, set Options::check_offsets = false and use a "
+                    "fused backend: cuda-unfused always reads them on the host)");
   return out;
 #else
   (void)stream;
