@@ -12,6 +12,7 @@
 #include "api/plan_override.hpp"
 #include "cuda/flash/launchers.hpp"
 #include "cuda/flash/plan.hpp"
+#include "cuda/fused/sequence.hpp"
 
 namespace {
 
@@ -84,6 +85,30 @@ TEST(FlashPlan, WorkspaceFollowsTheDqStrategy) {
   const BackwardPlan separate = backward(p, kH200, true, force);
   EXPECT_EQ(separate.dq, DqStrategy::kSeparate);
   EXPECT_EQ(separate.workspace_bytes, 2 * separate.rows * sizeof(float));
+}
+
+// A varlen batch: one workspace block of varlen_workspace_rows(total_q, B)
+// rows per head (fused/sequence.hpp), whatever the dQ strategy; without a
+// tensor (describe_plan) total_q is taken as B * Tq.
+TEST(FlashPlan, VarlenWorkspaceIsOneBlockPerHead) {
+  Problem p = shape(3, 1000, 4, 2, 64, true);
+  p.varlen = true;
+  const int64_t total_q = 1500;
+  const std::size_t rows = std::size_t(4 * gqattn::fused::varlen_workspace_rows(total_q, 3));
+  for (bool deterministic : {true, false}) {
+    const BackwardPlan plan = plan_backward(p, DType::bf16, kH200, deterministic, kRule, total_q);
+    EXPECT_TRUE(plan.varlen);
+    EXPECT_EQ(plan.rows, rows);
+    EXPECT_EQ(plan.accum_floats, plan.dq == DqStrategy::kSeparate ? 0 : rows * 64);
+    EXPECT_EQ(plan.counters, plan.dq == DqStrategy::kOrdered ? rows : 0u);
+    EXPECT_EQ(plan.rows % gqattn::fused::kWorkspaceRowAlign, 0u);
+    EXPECT_NE(gqattn::flash::describe(plan).find("varlen"), std::string::npos);
+  }
+  EXPECT_EQ(backward(p).rows, std::size_t(4 * gqattn::fused::varlen_workspace_rows(3 * 1000, 3)));
+  EXPECT_NE(gqattn::flash::describe(gqattn::flash::plan_forward(p, DType::bf16)).find("varlen"),
+            std::string::npos);
+  p.varlen = false;
+  EXPECT_EQ(gqattn::flash::describe(backward(p)).find("varlen"), std::string::npos);
 }
 
 TEST(FlashPlan, ForcedFieldsReachThePlanOrAreRefused) {

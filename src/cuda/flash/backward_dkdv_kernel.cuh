@@ -71,6 +71,16 @@
 //   chain of waits never holds a finished step back.
 // Under a causal mask the first key tiles are visited by the most query
 // tiles, so the ascending grid also starts the longest CTAs first.
+//
+// A varlen batch (fused/sequence.hpp): the CTA's sequence b gives its rows
+// (q, do from q_row0; k, v, dk, dv from k_row0), its mask (tq, tk bound
+// the loads as Tq, Tk do when dense) and its workspace block
+// (fused::workspace_row: lse2, D, the dQ accumulator and counters). The
+// grid covers the longest sequence's keys; a key tile stores dk, dv for the
+// sequence's packed key rows (Sequence::k_rows), so rows past seqused_k
+// (tk) get the zeros their accumulators hold (their P is masked to 0), and
+// the tiles past k_rows do nothing. The ordered dQ's chain is the same per
+// sequence: key tiles n-1, n of one sequence see the same mask.
 #pragma once
 
 #include <climits>
@@ -82,6 +92,7 @@
 #include "cuda/flash/tile_sizes.hpp"
 #include "cuda/fused/fragment.cuh"
 #include "cuda/fused/mask.cuh"
+#include "cuda/fused/sequence.hpp"
 #include "cuda/fused/softcap.cuh"
 
 namespace gqattn::flash {
@@ -239,7 +250,6 @@ __global__ void __launch_bounds__(
 
   // Ordered dQ: counters set (else atomic dQ, or no dQ here at all).
   const bool ordered = kFusedDq && p.dq_counters != nullptr;
-  const fused::MaskPolicy mask(p.mask);
 
   // Block -> (key tile, kv head, batch), key tiles ascending (see above).
   const int num_bhk = p.B * p.Hkv;
@@ -248,9 +258,13 @@ __global__ void __launch_bounds__(
   const int hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
   const int group = p.H / p.Hkv;
 
+  const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, b);
+  const fused::MaskPolicy mask(seq.mask);
   const int n0 = n_block * kBN;
-  const int cols = min(kBN, mask.tk - n0);
-  const fused::BlockRange range = mask.query_blocks(n0, cols, kBM);
+  if (n0 >= seq.k_rows) return;             // past the sequence's keys (varlen only)
+  const int cols = min(kBN, mask.tk - n0);  // <= 0: past seqused_k, dk = dv = 0
+  const int store_rows = min(kBN, seq.k_rows - n0);
+  const fused::BlockRange range = cols > 0 ? mask.query_blocks(n0, cols, kBM) : fused::BlockRange{};
   const int num_m = range.last - range.first + 1;
   const int steps = num_m > 0 ? group * num_m : 0;
   // Fused dQ: the query tiles where this CTA adds (red.add) rather than
@@ -258,14 +272,19 @@ __global__ void __launch_bounds__(
   // it must also wait for n-1 (which publishes counter = n); atomic: all.
   fused::BlockRange adds{0, INT_MAX};
   if (ordered) adds = n_block > 0 ? mask.query_blocks(n0 - kBN, kBN, kBM) : fused::BlockRange{};
-  const int num_m_tiles = p.tq_padded / kBM;  // counters per (b, h)
-  int* signal = nullptr;                      // counter of the last step's query tile
+  int* signal = nullptr;  // counter of the last step's query tile
   const int dq_row = (warp % kDqWarpsM) * kDqRows;
   const int dq_col = (warp / kDqWarpsM) * kDqCols;
 
-  const Elem* q_base = static_cast<const Elem*>(p.q) + b * p.q_stride.batch;
-  const Elem* do_base = static_cast<const Elem*>(p.dout) + b * p.do_stride.batch;
-  const int64_t row_ws = int64_t(b) * p.H * p.tq_padded;  // workspace row of (b, h = 0)
+  const Elem* q_base =
+      static_cast<const Elem*>(p.q) + b * p.q_stride.batch + int64_t(seq.q_row0) * p.q_stride.row;
+  const Elem* do_base = static_cast<const Elem*>(p.dout) + b * p.do_stride.batch +
+                        int64_t(seq.q_row0) * p.do_stride.row;
+  // Workspace rows of (b, h): row_ws + h * head_ws (fused::workspace_row),
+  // blocks of whole query tiles (kWorkspaceRowAlign is a multiple of kBM).
+  const int64_t row_ws = fused::workspace_row(p, b, 0, seq.ws_row0);
+  const int64_t head_ws = p.seq.varlen() ? p.varlen_head_rows : p.tq_padded;
+  static_assert(fused::kWorkspaceRowAlign % kBM == 0, "workspace blocks of whole query tiles");
 
   // A step's (query head hk * group + j, query tile m_block): the last
   // query tile first, every head of the group at each (see "Walk" above).
@@ -297,7 +316,7 @@ __global__ void __launch_bounds__(
       const bool is_d = tid >= kRowChunks;
       const int c = tid % kRowChunks;
       const float* src =
-          (is_d ? p.dsum : p.lse2) + row_ws + int64_t(h) * p.tq_padded + m0 + c * kFloatsPerChunk;
+          (is_d ? p.dsum : p.lse2) + row_ws + int64_t(h) * head_ws + m0 + c * kFloatsPerChunk;
       float* dst = rows_f + (2 * stage + (is_d ? 1 : 0)) * kBM + c * kFloatsPerChunk;
       cp_async_16(smem_addr(dst), src, true);
     }
@@ -305,9 +324,9 @@ __global__ void __launch_bounds__(
 
   if (steps > 0) {
     const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head +
-                    int64_t(n0) * p.k_stride.row;
+                    (int64_t(seq.k_row0) + n0) * p.k_stride.row;
     const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch + hk * p.v_stride.head +
-                    int64_t(n0) * p.v_stride.row;
+                    (int64_t(seq.k_row0) + n0) * p.v_stride.row;
     load_tile_async<kBN, kD, kThreads>(s_k, k, p.k_stride.row, cols, tid);
     load_tile_async<kBN, kD, kThreads>(s_v, v, p.v_stride.row, cols, tid);
     load_step(Step{0, range.last}, 0);
@@ -341,10 +360,10 @@ __global__ void __launch_bounds__(
   // atomic).
   auto add_dq_partial = [&](Step s) -> int* {
     const int h = hk * group + s.j;
-    int* const counter =
-        ordered ? p.dq_counters + (int64_t(b) * p.H + h) * num_m_tiles + s.m_block : nullptr;
+    const int64_t head_row0 = row_ws + int64_t(h) * head_ws;  // a multiple of kBM
+    int* const counter = ordered ? p.dq_counters + head_row0 / kBM + s.m_block : nullptr;
     const bool first = s.m_block < adds.first || s.m_block > adds.last;  // stores
-    const int64_t warp_row0 = (int64_t(b) * p.H + h) * p.tq_padded + s.m_block * kBM + dq_row;
+    const int64_t warp_row0 = head_row0 + s.m_block * kBM + dq_row;
     // Fragment-major accumulator (dq_accum_layout.hpp): this lane's first
     // value in the 16 x 8 block at (warp_row0, dq_col).
     float* const acc_frag =
@@ -561,11 +580,11 @@ __global__ void __launch_bounds__(
     }
   __syncthreads();
   Elem* dk = static_cast<Elem*>(p.dk) + b * p.dk_stride.batch + hk * p.dk_stride.head +
-             int64_t(n0) * p.dk_stride.row;
+             (int64_t(seq.k_row0) + n0) * p.dk_stride.row;
   Elem* dv = static_cast<Elem*>(p.dv) + b * p.dv_stride.batch + hk * p.dv_stride.head +
-             int64_t(n0) * p.dv_stride.row;
-  store_tile<kBN, kD, kThreads>(smem_k, dk, p.dk_stride.row, cols, tid);
-  store_tile<kBN, kD, kThreads>(smem_v, dv, p.dv_stride.row, cols, tid);
+             (int64_t(seq.k_row0) + n0) * p.dv_stride.row;
+  store_tile<kBN, kD, kThreads>(smem_k, dk, p.dk_stride.row, store_rows, tid);
+  store_tile<kBN, kD, kThreads>(smem_v, dv, p.dv_stride.row, store_rows, tid);
 }
 
 }  // namespace gqattn::flash

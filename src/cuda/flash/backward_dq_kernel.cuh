@@ -17,6 +17,10 @@
 // tiles (d64, d128: two, so every K/V fragment read from shared memory feeds
 // two mma; see DqTile); K and V tiles are double-buffered: step t+1's loads
 // are issued right after the barrier that opens step t.
+//
+// A varlen batch: rows and mask of the CTA's sequence (fused/sequence.hpp),
+// lse2 and D from its workspace block (fused::workspace_row), as in the
+// forward kernel.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +30,7 @@
 #include "cuda/flash/tile_sizes.hpp"
 #include "cuda/fused/fragment.cuh"
 #include "cuda/fused/mask.cuh"
+#include "cuda/fused/sequence.hpp"
 #include "cuda/fused/softcap.cuh"
 
 namespace gqattn::flash {
@@ -67,12 +72,19 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
   const int h = bh % p.H;
   const int hk = h / (p.H / p.Hkv);
 
-  const fused::MaskPolicy mask(p.mask);
+  // The grid covers the longest sequence: a varlen sequence's query tiles
+  // past its own tq have nothing to do.
+  const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, b);
+  const fused::MaskPolicy mask(seq.mask);
   const int m0 = m_block * kBM;
+  if (m0 >= mask.tq) return;
   const int rows = min(kBM, mask.tq - m0);
   const fused::BlockRange range = mask.key_blocks(m0, rows, kBN);
-  const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head;
-  const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch + hk * p.v_stride.head;
+  const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch +
+                  int64_t(seq.k_row0) * p.k_stride.row + hk * p.k_stride.head;
+  const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch +
+                  int64_t(seq.k_row0) * p.v_stride.row + hk * p.v_stride.head;
+  const int64_t q_row0 = int64_t(seq.q_row0) + m0;  // the tile's first row of q, do
 
   auto load_kv = [&](int n_block, int stage) {
     const int n0 = n_block * kBN;
@@ -84,10 +96,10 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
   };
 
   if (range.last >= range.first) {
-    const Elem* q = static_cast<const Elem*>(p.q) + b * p.q_stride.batch +
-                    int64_t(m0) * p.q_stride.row + h * p.q_stride.head;
+    const Elem* q = static_cast<const Elem*>(p.q) + b * p.q_stride.batch + q_row0 * p.q_stride.row +
+                    h * p.q_stride.head;
     const Elem* d_o = static_cast<const Elem*>(p.dout) + b * p.do_stride.batch +
-                      int64_t(m0) * p.do_stride.row + h * p.do_stride.head;
+                      q_row0 * p.do_stride.row + h * p.do_stride.head;
     load_tile_async<kBM, kD, kThreads>(s_q, q, p.q_stride.row, rows, tid);
     load_tile_async<kBM, kD, kThreads>(s_do, d_o, p.do_stride.row, rows, tid);
     load_kv(range.last, 0);
@@ -96,7 +108,8 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
 
   // lse2 and D of this thread's rows: g and g + 8 of each of the warp's m16
   // tiles (index 2 mt + half; the workspace rows are padded to whole tiles).
-  const int64_t ws_row = (int64_t(b) * p.H + h) * p.tq_padded + m0 + row_w + fused::frag_row(lane);
+  const int64_t ws_row =
+      fused::workspace_row(p, b, h, seq.ws_row0) + m0 + row_w + fused::frag_row(lane);
   float lse2[2 * kMT], dsum[2 * kMT];
 #pragma unroll
   for (int r = 0; r < 2 * kMT; ++r) {
@@ -208,8 +221,11 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
       store_acc_frag<QTile, Elem>(smem, acc_dq[mt][dt], row_w + mt * fused::kMmaM,
                                   dt * fused::kMmaN, p.score.scale, lane);
   __syncthreads();
-  Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch + int64_t(m0) * p.dq_stride.row +
-             h * p.dq_stride.head;
+  // The sequence's first row read again rather than held through the key
+  // loop (one register fewer there, where the kernel is at its limit).
+  const int dq_row0 = fused::sequence_of(p.seq, p.mask, b).q_row0;
+  Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch +
+             (int64_t(dq_row0) + m0) * p.dq_stride.row + h * p.dq_stride.head;
   store_tile<kBM, kD, kThreads>(smem, dq, p.dq_stride.row, rows, tid);
 }
 

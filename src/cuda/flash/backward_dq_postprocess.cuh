@@ -7,7 +7,10 @@
 // ordered- and atomic-dQ tests in tests/gpu/test_flash_correctness.cpp.
 //
 // One thread per 8 elements of a row (four 8-byte loads, one 16-byte
-// store).
+// store), over (b, h, i < tq_padded); a varlen batch's sequence b has its
+// rows from q_row0 and its accumulator rows and counters in its workspace
+// block (fused::workspace_row; the block starts at a multiple of 128, so
+// its counters are whole query tiles too).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,7 @@
 #include "cuda/flash/tile_io.cuh"
 #include "cuda/flash/tile_sizes.hpp"
 #include "cuda/fused/fragment.cuh"
+#include "cuda/fused/sequence.hpp"
 
 namespace gqattn::flash {
 
@@ -33,11 +37,14 @@ __global__ void __launch_bounds__(kDqPostThreads)
   const int chunk = int(gid % kChunks);
   const int bh = int(row / p.tq_padded);
   const int i = int(row % p.tq_padded);
-  if (bh >= p.B * p.H || i >= p.mask.tq) return;
+  if (bh >= p.B * p.H) return;
   const int b = bh / p.H;
   const int h = bh % p.H;
-  const bool visited =
-      p.dq_counters == nullptr || p.dq_counters[int64_t(bh) * (p.tq_padded / kBM) + i / kBM] != 0;
+  const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, b);
+  if (i >= seq.mask.tq) return;
+  // The accumulator row (`row` itself when dense).
+  const int64_t ws_row = fused::workspace_row(p, b, h, seq.ws_row0) + i;
+  const bool visited = p.dq_counters == nullptr || p.dq_counters[ws_row / kBM] != 0;
 
   float x[fused::kElemsPerChunk] = {};
   if (visited) {
@@ -46,7 +53,7 @@ __global__ void __launch_bounds__(kDqPostThreads)
 #pragma unroll
     for (int k = 0; k < fused::kElemsPerChunk / 2; ++k) {
       const float2 u = *reinterpret_cast<const float2*>(
-          p.dq_accum + dq_accum_offset(row, chunk * fused::kElemsPerChunk + 2 * k, kD));
+          p.dq_accum + dq_accum_offset(ws_row, chunk * fused::kElemsPerChunk + 2 * k, kD));
       x[2 * k] = u.x * s, x[2 * k + 1] = u.y * s;
     }
   }
@@ -55,8 +62,9 @@ __global__ void __launch_bounds__(kDqPostThreads)
   out.y = fused::pack2<Elem>(x[2], x[3]);
   out.z = fused::pack2<Elem>(x[4], x[5]);
   out.w = fused::pack2<Elem>(x[6], x[7]);
-  Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch + int64_t(i) * p.dq_stride.row +
-             h * p.dq_stride.head + chunk * fused::kElemsPerChunk;
+  Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch +
+             (int64_t(seq.q_row0) + i) * p.dq_stride.row + h * p.dq_stride.head +
+             chunk * fused::kElemsPerChunk;
   *reinterpret_cast<uint4*>(dq) = out;
 }
 

@@ -84,7 +84,6 @@ class CudaFlashBackend final : public BackendImpl {
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
     const std::string shared = fused::why_not_fused_problem("cuda-flash", p, dtype, device);
     if (!shared.empty()) return shared;
-    if (p.varlen) return "not supported: cuda-flash has no varlen kernels yet";
     const int64_t grid = flash::forward_blocks(int(p.d), p.B, p.H, p.Tq);
     if (grid > kMaxGridX)
       return "not supported: cuda-flash needs at most 2^31-1 thread blocks (B*H*Tq too large: " +
@@ -125,10 +124,20 @@ class CudaFlashBackend final : public BackendImpl {
     return why_too_little_smem(p.d, Pass::backward);
   }
 
+  // Rank 4: a dense q, k, v, o, do, dq, dk, dv; rank 3: dense lse or a
+  // varlen batch's packed [total, heads, d] (lse: [H, total_q], rank 2).
   std::string why_not_tensor(const TensorRef& t, const char* name, Pass) const override {
     std::string r = why_not_resident(t, name);
+    if (!r.empty()) return r;
+    const bool lse = std::strcmp(name, "lse") == 0;
+    // Packed rows index as int in the kernels (fused::kMaxSequence).
+    const bool packed = lse ? t.rank == 2 : t.rank == 3;
+    const int64_t total = !packed ? 0 : lse ? t.shape[1] : t.shape[0];
+    if (total >= fused::kMaxSequence)
+      return std::string("not supported: cuda-flash needs packed varlen totals < 2^30 (") + name +
+             " has " + std::to_string(total) + " rows)";
     // lse is f32 and read or written one element at a time.
-    if (r.empty() && t.rank == 4) r = fused::why_misaligned(t, name, kLoadBytes, "16-byte loads");
+    if (!lse && t.rank >= 3) r = fused::why_misaligned(t, name, kLoadBytes, "16-byte loads");
     return r;
   }
 
@@ -150,6 +159,7 @@ class CudaFlashBackend final : public BackendImpl {
     p.Hkv = int(a.problem.Hkv);
     p.mask = fused::mask_args(a.problem);
     p.score = fused::score_args(a.problem);
+    p.seq = fused::sequence_args(a.problem, a.offsets, a.q, a.k);
     const flash::ForwardPlan plan = flash::plan_forward(a.problem, a.q.dtype);
     switch (plan.d) {
       case 64: flash::launch_forward<64>(plan, p, a.options.stream); break;
@@ -160,7 +170,8 @@ class CudaFlashBackend final : public BackendImpl {
 
   void backward(const BackwardArgs& a) const override {
     // Before anything is allocated or written.
-    const flash::BackwardPlan plan = backward_plan(a.problem, a.q.dtype, a.options);
+    const flash::BackwardPlan plan =
+        backward_plan(a.problem, a.q.dtype, a.options, a.problem.varlen ? a.q.shape[1] : -1);
     if (!plan.forced.empty()) throw Error("backend", "cuda-flash: " + plan.forced);
     fused::BackwardParams p = fused::backward_params(a);
     // The plan's workspace on the caller's stream, from the library's pool
@@ -186,9 +197,12 @@ class CudaFlashBackend final : public BackendImpl {
   }
 
  private:
-  static flash::BackwardPlan backward_plan(const Problem& p, DType dtype, const Options& options) {
+  // total_q: a varlen batch's packed query rows (batch-of-one q: shape[1]),
+  // -1 where no tensor is known (describe_plan).
+  static flash::BackwardPlan backward_plan(const Problem& p, DType dtype, const Options& options,
+                                           int64_t total_q = -1) {
     return flash::plan_backward(p, dtype, cuda::current_device_limits(8, 0), options.deterministic,
-                                detail::plan_override());
+                                detail::plan_override(), total_q);
   }
 };
 

@@ -18,6 +18,11 @@
 // score_mode.hpp: never rescaled, and divided by the row sums of the 16-bit
 // P, formed by one more mma per k-step against ones); the epilogue stages O
 // through shared memory so the global stores are whole 16-byte chunks.
+//
+// A varlen batch (fused/sequence.hpp): the CTA's sequence b gives its rows
+// (q, o, lse from q_row0, k, v from k_row0) and its mask, whose tq, tk bound
+// every load and store as Tq, Tk do in a dense batch; rows of the
+// neighbouring sequences are never loaded (zero-filled) nor stored.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +33,7 @@
 #include "cuda/fused/fragment.cuh"
 #include "cuda/fused/mask.cuh"
 #include "cuda/fused/score_mode.hpp"
+#include "cuda/fused/sequence.hpp"
 #include "cuda/fused/softcap.cuh"
 #include "cuda/fused/softmax.cuh"
 
@@ -69,13 +75,20 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
   const int h = bh % p.H;
   const int hk = h / (p.H / p.Hkv);
 
-  const fused::MaskPolicy mask(p.mask);
+  // Sequence b's rows and mask (fused/sequence.hpp; a dense batch's rows
+  // start at 0). The grid covers the longest sequence: a varlen sequence's
+  // query tiles past its own tq have nothing to do.
+  const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, b);
+  const fused::MaskPolicy mask(seq.mask);
   const int m0 = m_block * kBM;
+  if (m0 >= mask.tq) return;
   const int rows = min(kBM, mask.tq - m0);
   const Elem* q = static_cast<const Elem*>(p.q) + b * p.q_stride.batch +
-                  int64_t(m0) * p.q_stride.row + h * p.q_stride.head;
-  const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head;
-  const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch + hk * p.v_stride.head;
+                  (int64_t(seq.q_row0) + m0) * p.q_stride.row + h * p.q_stride.head;
+  const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch +
+                  int64_t(seq.k_row0) * p.k_stride.row + hk * p.k_stride.head;
+  const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch +
+                  int64_t(seq.k_row0) * p.v_stride.row + hk * p.v_stride.head;
   const fused::BlockRange range = mask.key_blocks(m0, rows, kBN);
 
   int tid = tid_, lane = tid_ % fused::kWarpSize;  // refreshed by opaque() every step
@@ -188,12 +201,12 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
       store_acc_frag<QTile, Elem>(smem, acc_o[mt][dt], row_w + mt * fused::kMmaM, dt * fused::kMmaN,
                                   1.0f, lane);
   __syncthreads();
-  Elem* o = static_cast<Elem*>(p.o) + b * p.o_stride.batch + int64_t(m0) * p.o_stride.row +
-            h * p.o_stride.head;
+  Elem* o = static_cast<Elem*>(p.o) + b * p.o_stride.batch +
+            (int64_t(seq.q_row0) + m0) * p.o_stride.row + h * p.o_stride.head;
   store_tile<kBM, kD, kThreads>(smem, o, p.o_stride.row, rows, tid);
 
   if (p.lse != nullptr && lane % 4 == 0) {
-    float* lse_row = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride;
+    float* lse_row = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_row0;
 #pragma unroll
     for (int r = 0; r < 2 * kMT; ++r) {
       const int row = m0 + row_w + (r / 2) * fused::kMmaM + (r % 2) * fused::kFragRowHalf +

@@ -37,7 +37,10 @@ void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams
   constexpr int kDkdvThreads = DkdvT::kWarpsN * DkdvT::kWarpsD * fused::kWarpSize;
   const int dkdv_grid = int(dkdv_blocks(kD, p.B, p.Hkv, p.mask.tk, kSize));
   if (plan.dq != DqStrategy::kSeparate) {
-    const std::size_t rows = std::size_t(p.B) * p.H * std::size_t(p.tq_padded);
+    // Workspace rows: B*H blocks of tq_padded, or a varlen batch's H blocks
+    // of varlen_head_rows (params.hpp); the plan allocated as many.
+    const std::size_t rows = p.seq.varlen() ? std::size_t(p.H) * std::size_t(p.varlen_head_rows)
+                                            : std::size_t(p.B) * p.H * std::size_t(p.tq_padded);
     if (plan.dq == DqStrategy::kOrdered) {  // the first key tile stores
       const std::size_t counters = rows / DkdvT::kBlockM * sizeof(int);
       GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_counters, 0, counters, stream));

@@ -20,8 +20,9 @@ struct ForwardParams {
   int64_t lse_batch_stride = 0;
   int64_t lse_head_stride = 0;
   int B = 0, H = 0, Hkv = 0;
-  fused::MaskArgs mask;
+  fused::MaskArgs mask;  // a varlen batch's bounds; each sequence's from seq
   fused::ScoreArgs score;
+  fused::SequenceArgs seq;  // varlen offsets (null: dense)
 };
 
 // Launchers (launch_forward.cu, launch_backward.cu). `stream` is a cudaStream_t.

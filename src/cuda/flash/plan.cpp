@@ -49,12 +49,14 @@ ForwardPlan plan_forward(const Problem& p, DType dtype) {
   plan.elem = elem_of(dtype);
   plan.score_mode = fused::score_mode(fused::score_args(p), plan.elem);
   plan.blocks = forward_blocks(plan.d, p.B, p.H, p.Tq);
+  plan.varlen = p.varlen;
   return plan;
 }
 
 BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& device,
-                           bool deterministic, const detail::PlanOverride& force) {
+                           bool deterministic, const detail::PlanOverride& force, int64_t total_q) {
   BackwardPlan plan;
+  plan.varlen = p.varlen;
   plan.d = int(p.d);
   plan.elem = elem_of(dtype);
   plan.softcap = p.softcap > 0;
@@ -82,9 +84,15 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
   }
   // lse2 and D, [B*H, tq_padded] f32 each; a fused dQ's f32 accumulator
   // [B*H, tq_padded, d]; the ordered dQ's counters (one int per row: at
-  // least one per (b, h, query tile)).
+  // least one per (b, h, query tile)). A varlen batch has H blocks of
+  // varlen_workspace_rows instead (both dQ strategies address them through
+  // fused::workspace_row).
   plan.tq_padded = fused::tq_padded(p.Tq);
-  plan.rows = std::size_t(p.B * p.H * plan.tq_padded);
+  if (p.varlen)
+    plan.rows =
+        std::size_t(p.H * fused::varlen_workspace_rows(total_q >= 0 ? total_q : p.B * p.Tq, p.B));
+  else
+    plan.rows = std::size_t(p.B * p.H * plan.tq_padded);
   const bool fused_dq = plan.dq != DqStrategy::kSeparate;
   plan.accum_floats = fused_dq ? plan.rows * std::size_t(p.d) : 0;
   plan.counters = plan.dq == DqStrategy::kOrdered ? plan.rows : 0;
@@ -94,15 +102,17 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
 }
 
 std::string describe(const ForwardPlan& plan) {
-  return "forward " + std::to_string(plan.blocks) + " query tiles, scores " +
+  return std::string("forward ") + (plan.varlen ? "varlen, " : "") + std::to_string(plan.blocks) +
+         " query tiles, scores " +
          (plan.score_mode == fused::ScoreMode::plain     ? "plain"
           : plan.score_mode == fused::ScoreMode::softcap ? "softcap"
                                                          : "softcap without row maximum");
 }
 
 std::string describe(const BackwardPlan& plan) {
-  return std::string("backward dK/dV tile ") + tile_name(plan.tile) + ", dQ " + dq_name(plan.dq) +
-         ", workspace " + std::to_string((plan.workspace_bytes + 1023) / 1024) + " KB";
+  return std::string("backward ") + (plan.varlen ? "varlen, " : "") + "dK/dV tile " +
+         tile_name(plan.tile) + ", dQ " + dq_name(plan.dq) + ", workspace " +
+         std::to_string((plan.workspace_bytes + 1023) / 1024) + " KB";
 }
 
 }  // namespace gqattn::flash

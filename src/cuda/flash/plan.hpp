@@ -25,7 +25,8 @@ struct ForwardPlan {
   int d = 0;
   fused::ElemType elem = fused::ElemType::bf16;
   fused::ScoreMode score_mode = fused::ScoreMode::plain;
-  int64_t blocks = 0;  // one per (query tile, head, batch)
+  int64_t blocks = 0;   // one per (query tile, head, batch)
+  bool varlen = false;  // varlen batch: Tq is the longest sequence's
 };
 
 struct BackwardPlan {
@@ -35,8 +36,11 @@ struct BackwardPlan {
   // The largest dK/dV tile the device's shared memory holds (or the forced one).
   DkdvTileSize tile = DkdvTileSize::kDefault;
   DqStrategy dq = DqStrategy::kSeparate;
+  bool varlen = false;
   int64_t tq_padded = 0;
-  std::size_t rows = 0;          // B * H * tq_padded
+  // B * H * tq_padded; varlen: H * varlen_workspace_rows(total_q, B)
+  // (fused/sequence.hpp), one block per head.
+  std::size_t rows = 0;
   std::size_t accum_floats = 0;  // fused dQ (ordered or atomic): rows * d
   std::size_t counters = 0;      // ordered dQ: one int per row
   std::size_t workspace_bytes = 0;
@@ -45,9 +49,11 @@ struct BackwardPlan {
 
 ForwardPlan plan_forward(const Problem& p, DType dtype);
 // deterministic: Options::deterministic of the call (false allows the
-// atomic dQ).
+// atomic dQ). total_q: a varlen batch's packed query rows (the q tensor's);
+// where no tensor is known (describe_plan), B * Tq.
 BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& device,
-                           bool deterministic, const detail::PlanOverride& force);
+                           bool deterministic, const detail::PlanOverride& force,
+                           int64_t total_q = -1);
 
 std::string describe(const ForwardPlan& plan);
 std::string describe(const BackwardPlan& plan);

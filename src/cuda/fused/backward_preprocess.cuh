@@ -7,6 +7,10 @@
 //             backward (params.hpp)
 // and, for the padding rows i >= Tq, dsum = 0 and lse2 = +inf, so every P of
 // those rows is exactly 0 and whole query tiles load without bounds checks.
+// A varlen batch: the same over (b, h, i < tq_padded), sequence b's rows
+// (sequence.hpp) going to its workspace block (workspace_row), which has
+// its tq_b rounded up to kWorkspaceRowAlign rows; threads past that write
+// nothing (those rows belong to the next sequence's block or to none).
 // Checked through the backward tests (tests/gpu/test_flash_*.cpp).
 #pragma once
 
@@ -16,6 +20,7 @@
 #include "cuda/common/element.cuh"
 #include "cuda/fused/fragment.cuh"
 #include "cuda/fused/params.hpp"
+#include "cuda/fused/sequence.hpp"
 
 namespace gqattn::fused {
 
@@ -49,14 +54,21 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   const int i = int(row_global % p.tq_padded);
   const int b = bh / p.H;
   const int h = bh % p.H;
-  const bool valid = i < p.mask.tq;
+  const Sequence seq = sequence_of(p.seq, p.mask, b);
+  const bool valid = i < seq.mask.tq;
+  // The rows of the (b, h) block: all tq_padded of a dense batch; a varlen
+  // sequence's tq rounded up (the next rows are the next sequence's).
+  const bool in_block =
+      i < (seq.mask.tq + kWorkspaceRowAlign - 1) / kWorkspaceRowAlign * kWorkspaceRowAlign;
+  const int64_t row = workspace_row(p, b, h, seq.ws_row0) + i;  // row_global when dense
+  const int64_t q_row = int64_t(seq.q_row0) + i;
 
   float acc = 0.0f;
   if (valid) {
-    const Elem* o = static_cast<const Elem*>(p.o) + b * p.o_stride.batch +
-                    int64_t(i) * p.o_stride.row + h * p.o_stride.head;
+    const Elem* o = static_cast<const Elem*>(p.o) + b * p.o_stride.batch + q_row * p.o_stride.row +
+                    h * p.o_stride.head;
     const Elem* d_o = static_cast<const Elem*>(p.dout) + b * p.do_stride.batch +
-                      int64_t(i) * p.do_stride.row + h * p.do_stride.head;
+                      q_row * p.do_stride.row + h * p.do_stride.head;
 #pragma unroll
     for (int c = sub; c < kChunks; c += kPreprocessLanesPerRow) {
       const uint4 x = *reinterpret_cast<const uint4*>(o + c * kElemsPerChunk);
@@ -68,14 +80,14 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   for (int width = 1; width < kPreprocessLanesPerRow; width *= 2)
     acc += __shfl_xor_sync(kFullWarp, acc, width);
 
-  if (sub == 0) {
+  if (sub == 0 && in_block) {
     float lse2 = INFINITY;
     if (valid) {
-      const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i];
+      const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + q_row];
       if (lse != -INFINITY) lse2 = lse * kLog2e - p.lse2_shift;
     }
-    p.dsum[row_global] = valid ? acc : 0.0f;
-    p.lse2[row_global] = lse2;
+    p.dsum[row] = valid ? acc : 0.0f;
+    p.lse2[row] = lse2;
   }
 }
 

@@ -25,7 +25,10 @@ struct Sequence {
   int q_row0 = 0;   // first row of q, o, do, dq (and lse column) of the sequence
   int k_row0 = 0;   // first row of k, v, dk, dv
   int ws_row0 = 0;  // first row of its block of the backward's per-head workspaces
-  MaskArgs mask;    // its lengths, query offset and window
+  // Its packed key rows (k, v, dk, dv), at least mask.tk: the rows past
+  // seqused_k are not read, but their dk, dv are written (zeros).
+  int k_rows = 0;
+  MaskArgs mask;  // its lengths, query offset and window
 };
 
 // The window of a sequence whose queries sit at off .. off + tq - 1: 0 when
@@ -56,6 +59,7 @@ GQATTN_HD int64_t varlen_workspace_rows(int64_t total_q, int64_t batch) {
 GQATTN_HD Sequence sequence_of(const SequenceArgs& s, const MaskArgs& batch_mask, int b) {
   Sequence seq;
   seq.mask = batch_mask;
+  seq.k_rows = batch_mask.tk;
   if (!s.varlen()) return seq;
   const int q0 = clamp_to(s.cu_seqlens_q[b], 0, s.total_q);
   const int q1 = clamp_to(s.cu_seqlens_q[b + 1], q0, s.total_q);
@@ -63,6 +67,7 @@ GQATTN_HD Sequence sequence_of(const SequenceArgs& s, const MaskArgs& batch_mask
   const int k1 = clamp_to(s.cu_seqlens_k[b + 1], k0, s.total_k);
   const int tq = q1 - q0 < batch_mask.tq ? q1 - q0 : batch_mask.tq;
   int tk = k1 - k0 < batch_mask.tk ? k1 - k0 : batch_mask.tk;
+  seq.k_rows = tk;
   if (s.seqused_k != nullptr) tk = clamp_to(s.seqused_k[b], 0, tk);
   seq.q_row0 = q0;
   seq.k_row0 = k0;
