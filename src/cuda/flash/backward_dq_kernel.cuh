@@ -18,9 +18,13 @@
 // two mma; see DqTile); K and V tiles are double-buffered: step t+1's loads
 // are issued right after the barrier that opens step t.
 //
-// A varlen batch: rows and mask of the CTA's sequence (fused/sequence.hpp),
-// lse2 and D from its workspace block (fused::workspace_row), as in the
-// forward kernel.
+// A varlen batch (kVarlen): rows and mask of the CTA's sequence
+// (fused/sequence.hpp), lse2 and D from its workspace block
+// (fused::workspace_row), as in the forward kernel. A template flag here
+// alone: this kernel is at the register limit, and a mask read from the
+// offsets (registers) instead of the parameters (constant bank) made the
+// dense instances spill in the key loop; the dense ones are the kernel as
+// it was.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +39,7 @@
 
 namespace gqattn::flash {
 
-template <int kD, typename Elem, bool kSoftcap>
+template <int kD, typename Elem, bool kSoftcap, bool kVarlen>
 __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
     backward_dq_kernel(const fused::BackwardParams p) {
   using Tile = DqTile<kD>;
@@ -74,7 +78,9 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
 
   // The grid covers the longest sequence: a varlen sequence's query tiles
   // past its own tq have nothing to do.
-  const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, b);
+  // Dense (!kVarlen): no offsets, so the batch's mask and rows from 0.
+  const fused::SequenceArgs seq_args = kVarlen ? p.seq : fused::SequenceArgs{};
+  const fused::Sequence seq = fused::sequence_of(seq_args, p.mask, b);
   const fused::MaskPolicy mask(seq.mask);
   const int m0 = m_block * kBM;
   if (m0 >= mask.tq) return;
@@ -223,7 +229,7 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
   __syncthreads();
   // The sequence's first row read again rather than held through the key
   // loop (one register fewer there, where the kernel is at its limit).
-  const int dq_row0 = fused::sequence_of(p.seq, p.mask, b).q_row0;
+  const int dq_row0 = fused::sequence_of(seq_args, p.mask, b).q_row0;
   Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch +
              (int64_t(dq_row0) + m0) * p.dq_stride.row + h * p.dq_stride.head;
   store_tile<kBM, kD, kThreads>(smem, dq, p.dq_stride.row, rows, tid);

@@ -80,7 +80,9 @@ void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams
     constexpr int kThreads = Tile::kWarps * fused::kWarpSize;
     constexpr int kSmem = int(dq_smem_bytes<kD>());
     const int blocks = int(dq_blocks(kD, p.B, p.H, p.mask.tq));
-    auto kernel = backward_dq_kernel<kD, Elem, kSoftcap>;
+    // The varlen instance only for a varlen batch (backward_dq_kernel.cuh).
+    auto kernel = p.seq.varlen() ? backward_dq_kernel<kD, Elem, kSoftcap, true>
+                                 : backward_dq_kernel<kD, Elem, kSoftcap, false>;
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     kernel<<<blocks, kThreads, kSmem, stream>>>(p);
