@@ -80,7 +80,10 @@
 // sequence's packed key rows (Sequence::k_rows), so rows past seqused_k
 // (tk) get the zeros their accumulators hold (their P is masked to 0), and
 // the tiles past k_rows do nothing. The ordered dQ's chain is the same per
-// sequence: key tiles n-1, n of one sequence see the same mask.
+// sequence: key tiles n-1, n of one sequence see the same mask. A template
+// flag (kVarlen), launched only for varlen batches: with the mask in
+// registers instead of the constant bank the dense instances' key loops
+// grew and spilled (sm90a SASS), so they stay as they were.
 #pragma once
 
 #include <climits>
@@ -175,8 +178,10 @@ __device__ __forceinline__ void gemm_rs_nt(float (&c)[kMT][kNT][4],
 
 // kSize: DkdvTile<kD, kSize>; the smaller tiles are for devices with less
 // shared memory per block.
+// kVarlen: a varlen batch (see above); the dense instances read the
+// batch's mask from the parameters (constant bank), not from registers.
 template <int kD, typename Elem, bool kSoftcap, bool kFusedDq = false,
-          DkdvTileSize kSize = DkdvTileSize::kDefault>
+          DkdvTileSize kSize = DkdvTileSize::kDefault, bool kVarlen = false>
 __global__ void __launch_bounds__(
     DkdvTile<kD, kSize>::kWarpsN* DkdvTile<kD, kSize>::kWarpsD* fused::kWarpSize)
     backward_dkdv_kernel(const fused::BackwardParams p) {
@@ -258,13 +263,16 @@ __global__ void __launch_bounds__(
   const int hk = (int(blockIdx.x) % num_bhk) % p.Hkv;
   const int group = p.H / p.Hkv;
 
-  const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, b);
+  // Dense (!kVarlen): no offsets, so the batch's mask and rows from 0.
+  const fused::Sequence seq =
+      fused::sequence_of(kVarlen ? p.seq : fused::SequenceArgs{}, p.mask, b);
   const fused::MaskPolicy mask(seq.mask);
   const int n0 = n_block * kBN;
-  if (n0 >= seq.k_rows) return;             // past the sequence's keys (varlen only)
+  if (kVarlen && n0 >= seq.k_rows) return;  // past the sequence's keys (varlen only)
   const int cols = min(kBN, mask.tk - n0);  // <= 0: past seqused_k, dk = dv = 0
   const int store_rows = min(kBN, seq.k_rows - n0);
-  const fused::BlockRange range = cols > 0 ? mask.query_blocks(n0, cols, kBM) : fused::BlockRange{};
+  const fused::BlockRange range =
+      !kVarlen || cols > 0 ? mask.query_blocks(n0, cols, kBM) : fused::BlockRange{};
   const int num_m = range.last - range.first + 1;
   const int steps = num_m > 0 ? group * num_m : 0;
   // Fused dQ: the query tiles where this CTA adds (red.add) rather than
@@ -282,8 +290,13 @@ __global__ void __launch_bounds__(
                         int64_t(seq.q_row0) * p.do_stride.row;
   // Workspace rows of (b, h): row_ws + h * head_ws (fused::workspace_row),
   // blocks of whole query tiles (kWorkspaceRowAlign is a multiple of kBM).
-  const int64_t row_ws = fused::workspace_row(p, b, 0, seq.ws_row0);
-  const int64_t head_ws = p.seq.varlen() ? p.varlen_head_rows : p.tq_padded;
+  const int64_t row_ws =
+      kVarlen ? int64_t(seq.ws_row0) : int64_t(b) * p.H * p.tq_padded;  // workspace_row(p, b, 0)
+  const int64_t head_ws = kVarlen ? p.varlen_head_rows : p.tq_padded;
+  // Ordered dQ: one counter per kBM workspace rows (row_ws, head_ws are
+  // multiples of kBM).
+  const int64_t counter_ws = row_ws / kBM;
+  const int64_t counters_per_head = head_ws / kBM;
   static_assert(fused::kWorkspaceRowAlign % kBM == 0, "workspace blocks of whole query tiles");
 
   // A step's (query head hk * group + j, query tile m_block): the last
@@ -360,10 +373,10 @@ __global__ void __launch_bounds__(
   // atomic).
   auto add_dq_partial = [&](Step s) -> int* {
     const int h = hk * group + s.j;
-    const int64_t head_row0 = row_ws + int64_t(h) * head_ws;  // a multiple of kBM
-    int* const counter = ordered ? p.dq_counters + head_row0 / kBM + s.m_block : nullptr;
+    int* const counter =
+        ordered ? p.dq_counters + counter_ws + int64_t(h) * counters_per_head + s.m_block : nullptr;
     const bool first = s.m_block < adds.first || s.m_block > adds.last;  // stores
-    const int64_t warp_row0 = head_row0 + s.m_block * kBM + dq_row;
+    const int64_t warp_row0 = row_ws + int64_t(h) * head_ws + s.m_block * kBM + dq_row;
     // Fragment-major accumulator (dq_accum_layout.hpp): this lane's first
     // value in the 16 x 8 block at (warp_row0, dq_col).
     float* const acc_frag =

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
   const fused::Sequence seq = fused::sequence_of(seq_args, p.mask, b);
   const fused::MaskPolicy mask(seq.mask);
   const int m0 = m_block * kBM;
-  if (m0 >= mask.tq) return;
+  if (kVarlen && m0 >= mask.tq) return;
   const int rows = min(kBM, mask.tq - m0);
   const fused::BlockRange range = mask.key_blocks(m0, rows, kBN);
   const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_stride.batch +
@@ -114,8 +114,9 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
 
   // lse2 and D of this thread's rows: g and g + 8 of each of the warp's m16
   // tiles (index 2 mt + half; the workspace rows are padded to whole tiles).
-  const int64_t ws_row =
-      fused::workspace_row(p, b, h, seq.ws_row0) + m0 + row_w + fused::frag_row(lane);
+  const int64_t ws_row = (kVarlen ? fused::workspace_row(p, b, h, seq.ws_row0)
+                                  : (int64_t(b) * p.H + h) * p.tq_padded) +
+                         m0 + row_w + fused::frag_row(lane);
   float lse2[2 * kMT], dsum[2 * kMT];
 #pragma unroll
   for (int r = 0; r < 2 * kMT; ++r) {

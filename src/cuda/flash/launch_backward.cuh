@@ -49,7 +49,9 @@ void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams
       GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, accum, stream));
     }
     constexpr int kSmem = int(dkdv_smem_bytes<kD, true, kSize>());
-    auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSize>;
+    // The varlen instance only for a varlen batch (backward_dkdv_kernel.cuh).
+    auto kernel = p.seq.varlen() ? backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSize, true>
+                                 : backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSize, false>;
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
@@ -70,7 +72,8 @@ void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams
   } else {
     {
       constexpr int kSmem = int(dkdv_smem_bytes<kD, false, kSize>());
-      auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSize>;
+      auto kernel = p.seq.varlen() ? backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSize, true>
+                                   : backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSize, false>;
       GQATTN_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
       kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
