@@ -22,7 +22,9 @@
 // A varlen batch (fused/sequence.hpp): the CTA's sequence b gives its rows
 // (q, o, lse from q_row0, k, v from k_row0) and its mask, whose tq, tk bound
 // every load and store as Tq, Tk do in a dense batch; rows of the
-// neighbouring sequences are never loaded (zero-filled) nor stored.
+// neighbouring sequences are never loaded (zero-filled) nor stored. A
+// template flag (kVarlen), as in the backward kernels: the dense instances
+// stay the kernel they were (their registers are at the limit).
 #pragma once
 
 #include <cstdint>
@@ -39,7 +41,9 @@
 
 namespace gqattn::flash {
 
-template <int kD, typename Elem, fused::ScoreMode kScores>
+// kVarlen: a varlen batch (see above), launched only for one; the dense
+// instances read the batch's mask from the parameters (constant bank).
+template <int kD, typename Elem, fused::ScoreMode kScores, bool kVarlen = false>
 __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
     forward_kernel(const ForwardParams p) {
   constexpr bool kRowMax = kScores != fused::ScoreMode::softcap_without_row_max;
@@ -78,10 +82,11 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
   // Sequence b's rows and mask (fused/sequence.hpp; a dense batch's rows
   // start at 0). The grid covers the longest sequence: a varlen sequence's
   // query tiles past its own tq have nothing to do.
-  const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, b);
+  const fused::Sequence seq =
+      fused::sequence_of(kVarlen ? p.seq : fused::SequenceArgs{}, p.mask, b);
   const fused::MaskPolicy mask(seq.mask);
   const int m0 = m_block * kBM;
-  if (m0 >= mask.tq) return;
+  if (kVarlen && m0 >= mask.tq) return;
   const int rows = min(kBM, mask.tq - m0);
   const Elem* q = static_cast<const Elem*>(p.q) + b * p.q_stride.batch +
                   (int64_t(seq.q_row0) + m0) * p.q_stride.row + h * p.q_stride.head;

@@ -24,7 +24,9 @@ void launch_forward_typed(const ForwardParams& p, cudaStream_t stream) {
   constexpr int kThreads = Tile::kWarps * fused::kWarpSize;
   constexpr int kSmem = int(forward_smem_bytes<kD>());
   const int blocks = int(forward_blocks(kD, p.B, p.H, p.mask.tq));
-  auto kernel = forward_kernel<kD, Elem, kScores>;
+  // The varlen instance only for a varlen batch (forward_kernel.cuh).
+  auto kernel = p.seq.varlen() ? forward_kernel<kD, Elem, kScores, true>
+                               : forward_kernel<kD, Elem, kScores, false>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   kernel<<<blocks, kThreads, kSmem, stream>>>(p);
