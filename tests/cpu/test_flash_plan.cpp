@@ -4,7 +4,7 @@
 // non-deterministic path, the workspace, and forced fields reaching the
 // plan or being refused with their reason. Built where the CUDA backends
 // are (the plan lives in the library's CUDA part); it needs no GPU.
-#ifdef GQATTN_WITH_CUDA
+#ifdef GQATTN_HAS_CUDA_FLASH
 #include <gtest/gtest.h>
 
 #include <string>
@@ -142,4 +142,4 @@ TEST(FlashPlan, ForwardScoreModeAndDescription) {
 }
 
 }  // namespace
-#endif  // GQATTN_WITH_CUDA
+#endif  // GQATTN_HAS_CUDA_FLASH

@@ -5,7 +5,7 @@
 // path, dK/dV grid order and workspace; and that a forced field reaches the
 // plan or is refused with its reason. Built where the CUDA backends are
 // (the plan lives in the library's CUDA part); it needs no GPU.
-#ifdef GQATTN_WITH_CUDA
+#ifdef GQATTN_HAS_CUDA_HOPPER
 #include <gtest/gtest.h>
 
 #include <string>
@@ -215,4 +215,4 @@ TEST(HopperPlan, DescriptionNamesWhatRuns) {
 }
 
 }  // namespace
-#endif  // GQATTN_WITH_CUDA
+#endif  // GQATTN_HAS_CUDA_HOPPER
