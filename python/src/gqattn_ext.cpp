@@ -755,6 +755,9 @@ options); key rows no query uses (past seqused_k) get dk = dv = 0.)";
 
 }  // namespace
 
+// KV-cache functions, in ext_kv_cache.cpp.
+void bind_kv_cache(nb::module_& m);
+
 NB_MODULE(_ext, m) {
   m.doc() = "gqattn's native binding; use the gqattn package (and gqattn.torch) instead.";
 
@@ -826,4 +829,5 @@ NB_MODULE(_ext, m) {
         "calls the host has not yet seen complete (no stream, event or device "
         "synchronisation) may stay. A no-op without CUDA or before any CUDA call; later "
         "calls fill the pools again. Raises gqattn.Error if the CUDA runtime fails.");
+  bind_kv_cache(m);
 }
