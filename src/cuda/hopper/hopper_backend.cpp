@@ -61,7 +61,6 @@ class CudaHopperBackend final : public BackendImpl {
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
     const std::string shared = fused::why_not_fused_problem("cuda-hopper", p, dtype, device);
     if (!shared.empty()) return shared;
-    if (p.varlen) return "not supported: cuda-hopper has no varlen kernels yet";
     // The grid first (it needs no device), then the device, then what the
     // plan needs of it.
     const cuda::DeviceLimits unknown;
@@ -76,6 +75,7 @@ class CudaHopperBackend final : public BackendImpl {
 
   // d in {64, 128, 256} (at d = 256 the consumer warpgroups share a tile).
   std::string why_not_backward(const Problem& p, DType dtype, Device device) const override {
+    if (p.varlen) return "not supported: cuda-hopper has no varlen backward yet";
     const std::string r = why_not(p, dtype, device);
     if (!r.empty()) return r;
     if (!hopper::bwd::head_dim_supported(p.d))
@@ -96,6 +96,14 @@ class CudaHopperBackend final : public BackendImpl {
 
   std::string why_not_tensor(const TensorRef& t, const char* name, Pass pass) const override {
     std::string r = cuda::why_not_device_pointer(t.data, name);
+    // A varlen batch's packed [total, heads, d] (lse: [H, total_q], rank
+    // 2): its rows index as int in the kernels (fused::kMaxSequence).
+    const bool lse = std::string(name) == "lse";
+    const bool packed = lse ? t.rank == 2 : t.rank == 3;
+    const int64_t total = !packed ? 0 : lse ? t.shape[1] : t.shape[0];
+    if (r.empty() && total >= fused::kMaxSequence)
+      r = std::string("not supported: cuda-hopper needs packed varlen totals < 2^30 (") + name +
+          " has " + std::to_string(total) + " rows)";
     // q, k, v (and the backward's do) are read by TMA and need its
     // alignment; dq, dk, dv are written by TMA where all three meet its
     // alignment, else two elements per 32-bit store; the forward writes o
@@ -129,7 +137,10 @@ class CudaHopperBackend final : public BackendImpl {
     p.v_map = hopper::make_tile_map(a.v, plan.tile.block_n, "v");
     // o goes by TMA where its alignment allows (why_not_tensor asks TMA's
     // alignment of q, k, v only): the kernel's choice, results identical.
-    p.o_by_tma = hopper::why_not_tma(a.o, "o").empty();
+    // Not for varlen: TMA clips only at the packed end, so a tile crossing
+    // its sequence's end would write the next sequence's rows
+    // (forward/epilogue.cuh).
+    p.o_by_tma = !plan.varlen && hopper::why_not_tma(a.o, "o").empty();
     if (p.o_by_tma)
       p.o_map = hopper::make_tile_map(a.o, hopper::kWgmmaM / heads_per_box, "o", heads_per_box);
     p.o_by_16_byte_stores = fused::why_misaligned(a.o, "o", kChunkBytes, "16-byte stores").empty();
@@ -141,6 +152,7 @@ class CudaHopperBackend final : public BackendImpl {
     p.B = int(a.problem.B);
     p.H = int(a.problem.H);
     p.Hkv = int(a.problem.Hkv);
+    p.seq = fused::sequence_args(a.problem, a.offsets, a.q, a.k);
     p.num_splits = plan.splits;
     // Split-KV partials live in a workspace on the caller's stream (freed
     // there after the combine).

@@ -91,9 +91,17 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
   const fused::MaskArgs mask = fused::mask_args(p);
   const fused::ScoreArgs score = fused::score_args(p);
   plan.score_mode = fused::score_mode(score, plan.elem);
-  plan.shape = forward_shape(plan.d, mask.causal, mask.window, mask.tq, mask.tk, score.softcap);
+  // Varlen: the default tile (its only varlen kernels, kept few), no
+  // packed GQA (the varlen tiles hold one head each: varlen_tile_coord),
+  // no split-KV (its partials and combine are laid out by max_seqlen_q,
+  // not per sequence), no multicast (kCluster 1 only): see
+  // docs/decisions/hopper-varlen-forward.md.
+  plan.varlen = p.varlen;
+  plan.shape =
+      p.varlen ? TileShape::kDefault
+               : forward_shape(plan.d, mask.causal, mask.window, mask.tq, mask.tk, score.softcap);
   plan.tile = forward_tile_dims(plan.d, plan.shape);
-  plan.pack_shift = pack_gqa_shift(plan.tile.block_m, p.Tq, p.H, p.Hkv);
+  plan.pack_shift = p.varlen ? 0 : pack_gqa_shift(plan.tile.block_m, p.Tq, p.H, p.Hkv);
   plan.tile_heads = plan.pack_shift > 0 ? p.Hkv : p.H;
   plan.work_tiles =
       forward_blocks(plan.tile.block_m, p.B, plan.tile_heads, p.Tq << plan.pack_shift);
@@ -101,11 +109,18 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
   plan.splits = force.forward_splits > 0
                     ? force.forward_splits
                     : split_kv_rule(plan.work_tiles, plan.key_tiles, device.multiprocessors);
+  if (p.varlen && plan.splits > 1) {
+    if (force.forward_splits > 1)
+      plan.forced = "splits=" + std::to_string(force.forward_splits) +
+                    ": not supported: cuda-hopper has no varlen split-KV";
+    plan.splits = 1;
+  }
   // Clusters pair the two query heads of a kv head on one query tile: not
   // for split tasks (dealt split by split) nor packed tiles (one kv head
   // each, no partner).
   const bool pairs_of_heads = p.Hkv > 0 && (plan.tile_heads / p.Hkv) % kMulticastCtas == 0;
-  if (plan.splits == 1 && pairs_of_heads && multicast(plan.d, plan.shape, score.softcap))
+  if (!p.varlen && plan.splits == 1 && pairs_of_heads &&
+      multicast(plan.d, plan.shape, score.softcap))
     plan.cluster_ctas = kMulticastCtas;
   if (plan.splits > 1) {
     plan.split_rows = std::size_t(plan.splits * p.B * p.H * p.Tq);
@@ -177,9 +192,10 @@ std::string why_not(const BackwardPlan& plan, const DeviceLimits& device) {
 }
 
 std::string describe(const ForwardPlan& plan) {
-  std::string out = "forward tile " + std::to_string(plan.tile.block_m) + "x" +
-                    std::to_string(plan.tile.block_n) + " (" + shape_name(plan.shape) + ", " +
-                    kb(plan.tile.smem_bytes) + " shared), scores " + score_name(plan.score_mode);
+  std::string out = std::string(plan.varlen ? "varlen " : "") + "forward tile " +
+                    std::to_string(plan.tile.block_m) + "x" + std::to_string(plan.tile.block_n) +
+                    " (" + shape_name(plan.shape) + ", " + kb(plan.tile.smem_bytes) +
+                    " shared), scores " + score_name(plan.score_mode);
   if (plan.pack_shift > 0)
     out += ", packed GQA (" + std::to_string(1 << plan.pack_shift) + " heads a tile)";
   out += ", " + std::to_string(plan.work_tiles) + " work tiles";

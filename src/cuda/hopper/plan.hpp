@@ -28,6 +28,9 @@ struct ForwardPlan {
   fused::ScoreMode score_mode = fused::ScoreMode::plain;
   TileShape shape = TileShape::kDefault;
   ForwardTileDims tile;
+  // A varlen batch (docs/decisions/hopper-varlen-forward.md): the default
+  // tile, one CTA per cluster, neither packed GQA nor split-KV.
+  bool varlen = false;
   // Packed GQA (forward/pack_gqa.hpp): a tile holds 2^pack_shift query
   // heads of one kv head; 0: one head per tile.
   int pack_shift = 0;

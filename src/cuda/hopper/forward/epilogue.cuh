@@ -19,6 +19,11 @@
 // head tile.h + r % 2^pack_shift; the O map's box then spans those heads and
 // 64 >> pack_shift queries, one warpgroup's rows in the same order.
 // Split-KV (split_kv.hpp): f32 partials instead (store_split_partial).
+// Varlen (tile_schedule.cuh varlen_tile_coord): rows at tile.q_row0 + query
+// of the packed tensors; TMA would clip only at the packed end and write
+// the next sequence's rows, so the host never sets o_by_tma for varlen and
+// O goes by the stores bounded by the sequence's tq (runtime flag: the
+// dense kernels' code does not change).
 // Why these paths: docs/decisions/hopper-forward-output-stores.md; both
 // write shared memory by stmatrix.x4:
 // docs/decisions/hopper-forward-stmatrix-staging.md.
@@ -67,8 +72,9 @@ __device__ __forceinline__ void store_output_staged(const ForwardParams& p, cons
   ptx::fence_proxy_async_shared();
   ptx::named_barrier_sync(barrier, kWarpgroupThreads);
   if (issuer) {
-    store_staged_tile<kD>(&p.o_map, staging, (tile.m0 + wg * kWgmmaM) >> p.pack_shift, 0, tile.h,
-                          tile.b);
+    store_staged_tile<kD>(&p.o_map, staging,
+                          tile.q_row0 + ((tile.m0 + wg * kWgmmaM) >> p.pack_shift), 0, tile.h,
+                          tile.tb);
     ptx::bulk_commit();
   }
 }
@@ -83,12 +89,12 @@ __device__ __forceinline__ RowTarget row_target(const ForwardParams& p, const Ti
   return {row >> shift, tile.h + (row & ((1 << shift) - 1))};
 }
 
-// The first element of O's row `at` in batch tile.b.
+// The first element of O's row `at` of the tile's sequence.
 template <typename Elem>
 __device__ __forceinline__ Elem* output_row(const ForwardParams& p, const TileCoord& tile,
                                             RowTarget at) {
-  return static_cast<Elem*>(p.o) + tile.b * p.o_stride.batch + int64_t(at.head) * p.o_stride.head +
-         int64_t(at.query) * p.o_stride.row;
+  return static_cast<Elem*>(p.o) + tile.tb * p.o_stride.batch + int64_t(at.head) * p.o_stride.head +
+         int64_t(tile.q_row0 + at.query) * p.o_stride.row;
 }
 
 template <int kD, typename Elem>
@@ -221,7 +227,7 @@ __device__ __forceinline__ void store_output(const ForwardParams& p, const TileC
   if (p.lse == nullptr || fused::frag_col(lane) != 0) return;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
   const int row0 = tile.m0 + wg * kWgmmaM + warp * fused::kMmaM + fused::frag_row(lane);
-  float* lse = p.lse + tile.b * p.lse_batch_stride;
+  float* lse = p.lse + tile.tb * p.lse_batch_stride + tile.q_row0;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const RowTarget at = row_target(p, tile, row0 + half * fused::kFragRowHalf);

@@ -23,6 +23,10 @@
 // this CTA's shared memory until then). Checked against the f64 oracle by
 // tests/gpu/test_hopper_forward.cpp.
 //
+// kVarlen: the kernel of varlen batches (tile_schedule.cuh
+// varlen_tile_coord, docs/decisions/hopper-varlen-forward.md), each tile
+// with its sequence's rows and mask, the tiles without rows skipped; only
+// its kCluster 1 instances on the default tile are compiled (plan.cpp).
 // Only the sm_90a compilation pass has a body: wgmma and setmaxnreg exist
 // nowhere else. Other passes (sm_80 in the default 80;90a build) compile a
 // stub that traps; the backend never launches it (why_not refuses devices
@@ -53,7 +57,7 @@ namespace gqattn::hopper {
 
 constexpr uint32_t kFullArrivals = 1;  // the producer's arrive.expect_tx
 
-template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
+template <class Tile, typename Elem, ScoreMode kScores, int kCluster, bool kVarlen = false>
 __global__ void __launch_bounds__(forward_threads<Tile>(), 1)
     forward_kernel(const __grid_constant__ ForwardParams p) {
 #ifdef GQATTN_HOPPER_DEVICE_CODE
@@ -107,7 +111,7 @@ __global__ void __launch_bounds__(forward_threads<Tile>(), 1)
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<TileRegisters<Tile>::kProducer>();
-    if (threadIdx.x == 0) produce<Tile>(p, mask, schedule, smem);
+    if (threadIdx.x == 0) produce<Tile, kCluster, kVarlen>(p, mask, schedule, smem);
     if constexpr (kCluster > 1) ptx::cluster_sync();
     return;
   }
@@ -115,11 +119,17 @@ __global__ void __launch_bounds__(forward_threads<Tile>(), 1)
   const int wg = warpgroup - 1;
   PingPong<consumer_warpgroups<Tile>()> pp{Tile::kPingPongAllowed, wg};
   int kv_base = 0;  // K/V visits of the earlier tiles, as the producer counts
-  for (int t = 0; schedule.valid(t); ++t) {
-    const TileCoord tile = tile_coord<Tile>(p, mask, int(schedule.index(t)));
+  int loaded = 0;   // varlen: the tiles not skipped so far, as the producer counts
+  for (int k = 0; schedule.valid(k); ++k) {
+    MaskPolicy tile_mask = mask;
+    const TileCoord tile = work_tile<Tile, kVarlen>(p, int(schedule.index(k)), tile_mask);
+    if constexpr (kVarlen) {
+      if (tile.empty) continue;
+    }
+    const int t = kVarlen ? loaded++ : k;
     ConsumerResult<kD> result;
-    consume<Tile, Elem, kScores, kCluster>(p, tile, mask, smem, wg, t, kv_base, pp, result);
-    store_output<Tile, Elem, kScores>(p, tile, mask.tq, wg, result, smem);
+    consume<Tile, Elem, kScores, kCluster>(p, tile, tile_mask, smem, wg, t, kv_base, pp, result);
+    store_output<Tile, Elem, kScores>(p, tile, tile_mask.tq, wg, result, smem);
     kv_base += max(0, tile.keys.last - tile.keys.first + 1);
   }
   pp.drain();

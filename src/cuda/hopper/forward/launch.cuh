@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
@@ -28,7 +29,7 @@
 
 namespace gqattn::hopper {
 
-template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
+template <class Tile, typename Elem, ScoreMode kScores, int kCluster, bool kVarlen = false>
 void launch_forward_grid(const ForwardPlan& plan, const ForwardParams& params,
                          cudaStream_t stream) {
   constexpr int kSmem = int(forward_smem_bytes<Tile>());
@@ -38,7 +39,7 @@ void launch_forward_grid(const ForwardPlan& plan, const ForwardParams& params,
   // tile heads are even, so the task count is a multiple of kCluster.
   p.num_tiles = int(plan.work_tiles * plan.splits);
   if (p.num_tiles == 0) return;  // no work tile (B, H or Tq is 0)
-  auto kernel = forward_kernel<Tile, Elem, kScores, kCluster>;
+  auto kernel = forward_kernel<Tile, Elem, kScores, kCluster, kVarlen>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   if constexpr (kCluster == 1) {
@@ -72,6 +73,13 @@ void launch_forward_grid(const ForwardPlan& plan, const ForwardParams& params,
 
 template <class Tile, typename Elem, ScoreMode kScores>
 void launch_forward_typed(const ForwardPlan& plan, const ForwardParams& p, cudaStream_t stream) {
+  // Varlen: one CTA per cluster on the default tile (plan_forward).
+  if constexpr (std::is_same_v<Tile, ForwardTile<Tile::kD>>) {
+    if (plan.varlen) {
+      launch_forward_grid<Tile, Elem, kScores, 1, /*kVarlen=*/true>(plan, p, stream);
+      return;
+    }
+  }
   if constexpr (multicast_tile<Tile, fused::has_softcap(kScores)>()) {
     if (plan.cluster_ctas == kMulticastCtas) {
       launch_forward_grid<Tile, Elem, kScores, kMulticastCtas>(plan, p, stream);

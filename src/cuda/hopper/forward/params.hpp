@@ -58,6 +58,10 @@ struct ForwardParams {
   // pack_shift of head tile.h + r % 2^pack_shift, and the q and o maps'
   // boxes span the 2^pack_shift query heads of a kv head.
   int pack_shift = 0;
+  // A varlen batch's offsets (null: dense). B is then the number of
+  // sequences, mask.tq and mask.tk the longest lengths, and q, k, v, o, lse
+  // the packed batch-of-one views (tile_schedule.cuh varlen_tile_coord).
+  fused::SequenceArgs seq;
 };
 
 // The heads work tiles are dealt over: the query heads, or packed (each

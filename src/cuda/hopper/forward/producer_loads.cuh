@@ -66,8 +66,10 @@ __device__ __forceinline__ void load_kv_tile(uint32_t dst, const CUtensorMap* ma
 // reset), exactly as the consumers count. Q of the CTA's t-th tile is
 // loaded in phase t & 1 of q_full; for t >= 1 only after phase (t - 1) & 1
 // of q_empty, which the consumers complete once no GEMM reads Q any more.
-template <class Tile, int kCluster>
-__device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy& mask,
+// kVarlen: the tiles of a varlen batch (tile_schedule.cuh work_tile), the
+// empty ones skipped as the consumers skip them, so `t` counts the loaded.
+template <class Tile, int kCluster, bool kVarlen>
+__device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy& batch_mask,
                                         const TileSchedule<kCluster>& schedule, uint32_t smem) {
   using L = SmemLayout<Tile>;
   constexpr int kD = Tile::kD;
@@ -80,15 +82,21 @@ __device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy
   const uint32_t rank = kCluster > 1 ? ptx::cluster_ctarank() : 0u;
 
   int it = 0;
-  for (int t = 0; schedule.valid(t); ++t) {
-    const TileCoord tile = tile_coord<Tile>(p, mask, int(schedule.index(t)));
+  int loaded = 0;  // varlen: the tiles not skipped so far
+  for (int k = 0; schedule.valid(k); ++k) {
+    MaskPolicy mask = batch_mask;
+    const TileCoord tile = work_tile<Tile, kVarlen>(p, int(schedule.index(k)), mask);
+    if constexpr (kVarlen) {
+      if (tile.empty) continue;
+    }
+    const int t = kVarlen ? loaded++ : k;
     if (t > 0) ptx::mbar_wait(smem + L::kQEmpty, uint32_t(t - 1) & 1u);
     ptx::mbar_arrive_expect_tx(smem + L::kQFull, L::kQBytes);
     // Packed (pack_gqa.hpp), the box spans the kv head's query heads from
     // tile.h and kBlockM >> pack_shift queries: its rows land in the packed
     // order.
-    load_tile<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, tile.m0 >> p.pack_shift,
-                                 tile.h, tile.b);
+    load_tile<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull,
+                                 tile.q_row0 + (tile.m0 >> p.pack_shift), tile.h, tile.tb);
 
     for (int n_block = tile.keys.last; n_block >= tile.keys.first; --n_block, ++it) {
       const int stage = it % kStages;
@@ -99,12 +107,14 @@ __device__ __forceinline__ void produce(const ForwardParams& p, const MaskPolicy
       ptx::mbar_wait(smem + L::kKEmpty + bar_off, parity ^ 1u);
       ptx::mbar_arrive_expect_tx(smem + L::kKFull + bar_off, L::kKVBytes);
       load_kv_tile<kD, kBN, kCluster>(smem + L::kK + stage * L::kKVBytes, &p.k_map,
-                                      smem + L::kKFull + bar_off, n0, tile.hk, tile.b, rank);
+                                      smem + L::kKFull + bar_off, tile.k_row0 + n0, tile.hk,
+                                      tile.tb, rank);
 
       ptx::mbar_wait(smem + L::kVEmpty + bar_off, parity ^ 1u);
       ptx::mbar_arrive_expect_tx(smem + L::kVFull + bar_off, L::kKVBytes);
       load_kv_tile<kD, kBN, kCluster>(smem + L::kV + stage * L::kKVBytes, &p.v_map,
-                                      smem + L::kVFull + bar_off, n0, tile.hk, tile.b, rank);
+                                      smem + L::kVFull + bar_off, tile.k_row0 + n0, tile.hk,
+                                      tile.tb, rank);
     }
   }
 }

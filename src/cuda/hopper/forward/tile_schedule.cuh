@@ -19,12 +19,19 @@
 // Packed GQA (pack_gqa.hpp, ForwardParams::pack_shift > 0): a tile's rows are
 // the (query, head) pairs of all query heads of one kv head, so tiles are
 // dealt over (query tile, kv head, batch) and m0 counts packed rows.
-// Checked through tests/gpu/test_hopper_forward.cpp.
+// Varlen batches (varlen_tile_coord): tiles dealt over max_seqlen_q in the
+// longest-first order, each sequence's tiles end-aligned to its own end
+// under a causal mask; a tile holding none of its sequence's rows comes
+// back `empty` and the producer and consumers skip it without a barrier
+// (docs/decisions/hopper-varlen-forward.md).
+// Checked through tests/gpu/test_hopper_forward.cpp and
+// tests/gpu/test_hopper_varlen_forward.cpp.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/fused/mask.cuh"
+#include "cuda/fused/sequence.hpp"
 #include "cuda/hopper/forward/params.hpp"
 #include "cuda/hopper/forward/split_kv.hpp"
 #include "cuda/hopper/forward/tile_sizes.hpp"
@@ -43,6 +50,12 @@ struct TileCoord {
   int b, h, hk;     // batch, query head (packed: the kv head's first), kv head
   int split;        // split-KV (split_kv.hpp): which range of the tile's key tiles
   BlockRange keys;  // key tiles visited, walked from keys.last down to keys.first
+  // Where the tile's rows live in the tensors: batch tb, query rows from
+  // q_row0 + m0, key rows from k_row0 (dense: tb = b, rows from 0; varlen:
+  // the packed [1, total, heads, d] views, tb = 0, the sequence's first rows).
+  int tb = 0;
+  int q_row0 = 0, k_row0 = 0;
+  bool empty = false;  // varlen: no row of the sequence in the tile (skipped)
 };
 
 // The work tiles of this CTA, in order: k-th tile index(k) while valid(k).
@@ -104,6 +117,7 @@ __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const Ma
   c.split = index % p.num_splits;
   const TileId id = tile_id(order, index / p.num_splits);
   c.b = id.b;
+  c.tb = id.b;
   // Packed: id.h is the kv head, and its first query head is hk << shift.
   c.h = id.h << p.pack_shift;
   c.hk = c.h / (p.H / p.Hkv);
@@ -114,6 +128,51 @@ __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const Ma
     c.keys = BlockRange{r.first, r.last};
   }
   return c;
+}
+
+// The task of index `index` of a varlen batch, and `mask`, its sequence's
+// mask. Neither split-KV nor packed GQA nor the kv-grouped order (the plan
+// turns them off for varlen): tiles over B x H x num_m, num_m the query
+// tiles of max_seqlen_q, in the longest-first order. Under a causal mask a
+// sequence's tiles are end-aligned like a dense problem's
+// (query_tile_shift), only with up to num_m tiles of spare rows: its last
+// tile is index m_block num_m - 1, the longest of every sequence, and the
+// tiles wholly before row 0 are empty. Otherwise the tiles from tq_b on
+// are. Rows before 0 or from tq_b on are never stored (epilogue.cuh), so
+// the other sequences' rows a Q load brings into them do no harm; key rows
+// from tk_b on are masked.
+template <class Tile>
+__device__ __forceinline__ TileCoord varlen_tile_coord(const ForwardParams& p, int index,
+                                                       MaskPolicy& mask) {
+  constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+  const int num_m = p.num_tiles / (p.B * p.H);
+  const TileId id = tile_id(TileOrderArgs{p.B, p.H, p.Hkv, num_m, 0}, index);
+  const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, id.b);
+  mask = MaskPolicy(seq.mask);
+  TileCoord c;
+  c.b = id.b;
+  c.h = id.h;
+  c.hk = id.h / (p.H / p.Hkv);
+  c.split = 0;
+  c.tb = 0;
+  c.q_row0 = seq.q_row0;
+  c.k_row0 = seq.k_row0;
+  const int shift = mask.causal ? (num_m * kBlockM - mask.tq) / kWgmmaM * kWgmmaM : 0;
+  c.m0 = id.m_block * kBlockM - shift;
+  c.empty = c.m0 >= mask.tq || c.m0 + kBlockM <= 0;
+  c.keys = c.empty ? BlockRange{} : mask.key_blocks(c.m0, kBlockM, kBlockN);
+  return c;
+}
+
+// The task of index `index` and its mask (`mask` is the batch's on entry;
+// a varlen batch's tile gets its sequence's).
+template <class Tile, bool kVarlen>
+__device__ __forceinline__ TileCoord work_tile(const ForwardParams& p, int index,
+                                               MaskPolicy& mask) {
+  if constexpr (kVarlen)
+    return varlen_tile_coord<Tile>(p, index, mask);
+  else
+    return tile_coord<Tile>(p, mask, index);
 }
 
 }  // namespace gqattn::hopper
