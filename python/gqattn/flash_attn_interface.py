@@ -17,22 +17,26 @@ softmax_lse)`` with ``return_attn_probs=True``; this matches that. Early FA3
 releases (2024 betas) returned ``(out, softmax_lse)`` always: code written for
 those should pass ``return_attn_probs=True``.
 
-Checked by python/tests/test_dropins.py.
+``flash_attn_varlen_func`` is FA3's packed variable-length form (through
+``gqattn.torch.varlen_attention``).
+
+Checked by python/tests/test_dropins.py and test_varlen.py.
 """
 
 from typing import Optional, Sequence
 
 from torch import Tensor
 
-from .torch import _window_from_flash, attention
+from .torch import _window_from_flash, attention, varlen_attention
 
-__all__ = ["flash_attn_func"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
 
 _NAME = "gqattn.flash_attn_interface.flash_attn_func"
+_NAME_VARLEN = "gqattn.flash_attn_interface.flash_attn_varlen_func"
 
 
-def _refuse(what: str, reason: str) -> ValueError:
-    return ValueError(f"{_NAME}: {what} is not supported: {reason}")
+def _refuse(what: str, reason: str, caller: str = _NAME) -> ValueError:
+    return ValueError(f"{caller}: {what} is not supported: {reason}")
 
 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float] = None,
@@ -84,3 +88,47 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[flo
     return attention(q, k, v, causal=causal, window=window, softcap=softcap,
                      scale=softmax_scale, deterministic=bool(deterministic),
                      return_lse=bool(return_attn_probs))
+
+
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                           cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                           seqused_q: Optional[Tensor] = None,
+                           seqused_k: Optional[Tensor] = None,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           qv: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                           k_descale: Optional[Tensor] = None,
+                           v_descale: Optional[Tensor] = None,
+                           window_size: Sequence[int] = (-1, -1), attention_chunk: int = 0,
+                           softcap: float = 0.0, num_splits: int = 1,
+                           pack_gqa: Optional[bool] = None, deterministic: bool = False,
+                           sm_margin: int = 0, return_attn_probs: bool = False):
+    """FlashAttention-3's ``flash_attn_varlen_func``, run by gqattn.
+
+    q ``[total_q, H, d]``; k, v ``[total_k, Hkv, d]``; cu_seqlens_q/k int32
+    ``[B + 1]``; seqused_k int32 ``[B]`` or None; max_seqlen_q/k bound every
+    sequence. Each sequence is the dense problem of its own lengths (causal
+    bottom-right per sequence; window_size as ``flash_attn_func``). Returns
+    ``out``, or ``(out, softmax_lse)`` with lse ``[H, total_q]`` float32.
+
+    Not supported (ValueError "not supported: <reason>"): ``seqused_q``, and
+    what ``flash_attn_func`` refuses; its performance knobs are ignored.
+    """
+    if seqused_q is not None:
+        raise _refuse("seqused_q", "gqattn takes each sequence's queries from cu_seqlens_q; "
+                      "pass None", _NAME_VARLEN)
+    if qv is not None:
+        raise _refuse("qv", "gqattn has no extra query-value term (MLA-style qv); pass None",
+                      _NAME_VARLEN)
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale),
+                    ("v_descale", v_descale)):
+        if t is not None:
+            raise _refuse(name, "gqattn runs float32, bfloat16 and float16, not fp8 with "
+                          "descaling; pass None", _NAME_VARLEN)
+    if int(attention_chunk) != 0:
+        raise _refuse(f"attention_chunk={attention_chunk}",
+                      "gqattn has no chunked-local attention; pass 0", _NAME_VARLEN)
+    causal, window = _window_from_flash(window_size, bool(causal), caller=_NAME_VARLEN)
+    return varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            seqused_k=seqused_k, causal=causal, window=window, softcap=softcap,
+                            scale=softmax_scale, deterministic=bool(deterministic),
+                            return_lse=bool(return_attn_probs))
