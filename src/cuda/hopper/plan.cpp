@@ -91,8 +91,8 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
   const fused::MaskArgs mask = fused::mask_args(p);
   const fused::ScoreArgs score = fused::score_args(p);
   plan.score_mode = fused::score_mode(score, plan.elem);
-  // Varlen: the default tile (its only varlen kernels, kept few), no
-  // packed GQA (the varlen tiles hold one head each: varlen_tile_coord),
+  // Varlen: the default tile (its only varlen kernels, kept few), packed
+  // GQA by max_seqlen_q (forward/tile_schedule.cuh varlen_tile_coord),
   // no split-KV (its partials and combine are laid out by max_seqlen_q,
   // not per sequence), no multicast (kCluster 1 only): see
   // docs/decisions/hopper-varlen-forward.md.
@@ -101,7 +101,7 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
       p.varlen ? TileShape::kDefault
                : forward_shape(plan.d, mask.causal, mask.window, mask.tq, mask.tk, score.softcap);
   plan.tile = forward_tile_dims(plan.d, plan.shape);
-  plan.pack_shift = p.varlen ? 0 : pack_gqa_shift(plan.tile.block_m, p.Tq, p.H, p.Hkv);
+  plan.pack_shift = pack_gqa_shift(plan.tile.block_m, p.Tq, p.H, p.Hkv);
   plan.tile_heads = plan.pack_shift > 0 ? p.Hkv : p.H;
   plan.work_tiles =
       forward_blocks(plan.tile.block_m, p.B, plan.tile_heads, p.Tq << plan.pack_shift);

@@ -131,36 +131,38 @@ __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const Ma
 }
 
 // The task of index `index` of a varlen batch, and `mask`, its sequence's
-// mask. Neither split-KV nor packed GQA nor the kv-grouped order (the plan
-// turns them off for varlen): tiles over B x H x num_m, num_m the query
-// tiles of max_seqlen_q, in the longest-first order. Under a causal mask a
-// sequence's tiles are end-aligned like a dense problem's
-// (query_tile_shift), only with up to num_m tiles of spare rows: its last
-// tile is index m_block num_m - 1, the longest of every sequence, and the
-// tiles wholly before row 0 are empty. Otherwise the tiles from tq_b on
-// are. Rows before 0 or from tq_b on are never stored (epilogue.cuh), so
-// the other sequences' rows a Q load brings into them do no harm; key rows
-// from tk_b on are masked.
+// mask. Neither split-KV nor the kv-grouped order (the plan turns them off
+// for varlen): tiles over B x tile_heads x num_m, num_m the query tiles of
+// max_seqlen_q (packed: of its packed rows), in the longest-first order.
+// Under a causal mask an unpacked sequence's tiles are end-aligned like a
+// dense problem's (query_tile_shift), only with up to num_m tiles of spare
+// rows: its last tile is index m_block num_m - 1, the longest of every
+// sequence, and the tiles wholly before row 0 are empty. Otherwise the
+// tiles from query tq_b on are. Rows before 0 or from tq_b on are masked
+// and never stored (epilogue.cuh), so the other sequences' rows a Q load
+// brings into them do no harm; key rows from tk_b on are masked.
 template <class Tile>
 __device__ __forceinline__ TileCoord varlen_tile_coord(const ForwardParams& p, int index,
                                                        MaskPolicy& mask) {
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
-  const int num_m = p.num_tiles / (p.B * p.H);
-  const TileId id = tile_id(TileOrderArgs{p.B, p.H, p.Hkv, num_m, 0}, index);
+  const int heads = tile_heads(p);
+  const int num_m = p.num_tiles / (p.B * heads);
+  const TileId id = tile_id(TileOrderArgs{p.B, heads, p.Hkv, num_m, 0}, index);
   const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, id.b);
   mask = MaskPolicy(seq.mask);
   TileCoord c;
   c.b = id.b;
-  c.h = id.h;
-  c.hk = id.h / (p.H / p.Hkv);
+  c.h = id.h << p.pack_shift;  // packed: id.h is the kv head
+  c.hk = c.h / (p.H / p.Hkv);
   c.split = 0;
   c.tb = 0;
   c.q_row0 = seq.q_row0;
   c.k_row0 = seq.k_row0;
-  const int shift = mask.causal ? (num_m * kBlockM - mask.tq) / kWgmmaM * kWgmmaM : 0;
-  c.m0 = id.m_block * kBlockM - shift;
-  c.empty = c.m0 >= mask.tq || c.m0 + kBlockM <= 0;
-  c.keys = c.empty ? BlockRange{} : mask.key_blocks(c.m0, kBlockM, kBlockN);
+  const bool end_aligned = mask.causal && p.pack_shift == 0;
+  const int shift = end_aligned ? (num_m * kBlockM - mask.tq) / kWgmmaM * kWgmmaM : 0;
+  c.m0 = id.m_block * kBlockM - shift;  // >= 0 where packed
+  c.empty = (c.m0 >> p.pack_shift) >= mask.tq || c.m0 + kBlockM <= 0;
+  c.keys = c.empty ? BlockRange{} : mask.key_blocks(c.m0, kBlockM, kBlockN, p.pack_shift);
   return c;
 }
 
