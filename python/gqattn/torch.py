@@ -584,3 +584,6 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     o = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                   causal=bool(is_causal), scale=scale)
     return o.transpose(1, 2)
+
+
+from .kv_cache import flash_attn_with_kvcache, merge_attention_states  # noqa: E402,F401
