@@ -132,3 +132,6 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                             seqused_k=seqused_k, causal=causal, window=window, softcap=softcap,
                             scale=softmax_scale, deterministic=bool(deterministic),
                             return_lse=bool(return_attn_probs))
+
+
+from .kv_cache import flash_attn_with_kvcache_fa3 as flash_attn_with_kvcache  # noqa: E402,F401

@@ -183,6 +183,50 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     return (o, lse) if return_softmax_lse else o
 
 
+def flash_attn_with_kvcache_fa3(q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                                k: Optional[Tensor] = None, v: Optional[Tensor] = None,
+                                qv: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                                rotary_sin: Optional[Tensor] = None,
+                                cache_seqlens: Optional[Union[int, Tensor]] = None,
+                                cache_batch_idx: Optional[Tensor] = None,
+                                cache_leftpad: Optional[Tensor] = None,
+                                page_table: Optional[Tensor] = None,
+                                cu_seqlens_q: Optional[Tensor] = None,
+                                cu_seqlens_k_new: Optional[Tensor] = None,
+                                max_seqlen_q: Optional[int] = None,
+                                rotary_seqlens: Optional[Tensor] = None,
+                                q_descale: Optional[Tensor] = None,
+                                k_descale: Optional[Tensor] = None,
+                                v_descale: Optional[Tensor] = None,
+                                softmax_scale: Optional[float] = None, causal: bool = False,
+                                window_size: Sequence[int] = (-1, -1), attention_chunk: int = 0,
+                                softcap: float = 0.0, rotary_interleaved: bool = True,
+                                scheduler_metadata=None, num_splits: int = 0, pack_gqa=None,
+                                sm_margin: int = 0, return_softmax_lse: bool = False):
+    """FlashAttention-3's ``flash_attn_with_kvcache`` (its argument order;
+    ``gqattn.flash_attn_interface.flash_attn_with_kvcache``), run as
+    ``flash_attn_with_kvcache`` above: ``page_table`` is FA2's
+    ``block_table``. Not supported (gqattn.Error): qv, rotary_*, cache_leftpad,
+    cu_seqlens_q / cu_seqlens_k_new / max_seqlen_q (packed queries),
+    q/k/v_descale (FP8), attention_chunk != 0. scheduler_metadata,
+    num_splits, pack_gqa and sm_margin are performance hints, ignored.
+    """
+    refused = dict(qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
+                   max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens, q_descale=q_descale,
+                   k_descale=k_descale, v_descale=v_descale)
+    for name, value in refused.items():
+        if value is not None:
+            raise _not_supported(name, "gqattn's KV-cache call has no such input; pass None")
+    if attention_chunk != 0:
+        raise _not_supported(f"attention_chunk = {attention_chunk}",
+                             "gqattn has no chunked attention mask; pass 0")
+    del scheduler_metadata, pack_gqa, sm_margin  # performance hints
+    return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                   cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
+                                   softmax_scale, causal, window_size, softcap,
+                                   rotary_interleaved, None, num_splits, return_softmax_lse)
+
+
 def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor,
                            lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """Merges two partial attention results over disjoint key sets by lse.

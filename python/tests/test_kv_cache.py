@@ -337,3 +337,22 @@ def test_merge_compiles():
     for g, w in zip(compiled(o_a, lse_a, o_b, lse_b),
                     gt.merge_attention_states(o_a, lse_a, o_b, lse_b)):
         assert torch.equal(g, w)
+
+
+def test_flash_attn_interface_fa3_argument_order():
+    from gqattn.flash_attn_interface import flash_attn_with_kvcache as fa3
+    a, b = Case(page=3), Case(page=3)
+    want = a.run(causal=True, softmax_scale=0.3, return_softmax_lse=True)
+    # FA3's positional order: q, k_cache, v_cache, k, v, qv, rotary_cos,
+    # rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, page_table.
+    got = fa3(b.q, b.k_cache, b.v_cache, b.k, b.v, None, None, None, b.seqlens(), None, None,
+              b.block_table, softmax_scale=0.3, causal=True, num_splits=3, pack_gqa=True,
+              return_softmax_lse=True)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert torch.equal(a.k_cache, b.k_cache)
+    for kwargs in (dict(qv=b.q), dict(q_descale=torch.ones(1)), dict(attention_chunk=4),
+                   dict(cu_seqlens_q=torch.zeros(4, dtype=torch.int32))):
+        with pytest.raises(gqattn.Error, match="not supported"):
+            fa3(b.q, b.k_cache, b.v_cache, cache_seqlens=b.seqlens(), page_table=b.block_table,
+                **kwargs)
