@@ -13,6 +13,13 @@ Layouts (last dimension contiguous, other strides free)::
     k, v, dk, dv : [B, Tk, Hkv, d]    the dtype of q; H % Hkv == 0
     lse          : [B, H, Tq]         float32 (natural log)
 
+``forward_varlen`` / ``backward_varlen`` take a packed batch of B
+variable-length sequences: q, o [total_q, H, d]; k, v [total_k, Hkv, d];
+lse [H, total_q]; int32 offsets cu_seqlens_q, cu_seqlens_k [B + 1] (and
+seqused_k [B]) on the tensors' device. ``q_start`` (every pass) places query
+i at key position q_start + i (default Tk - Tq, per sequence in a varlen
+batch).
+
 ``release_workspace_memory()`` returns the CUDA backends' retained
 workspace (up to 1 GiB per device, invisible to PyTorch's caching allocator)
 to the driver; a no-op without CUDA.
@@ -21,13 +28,15 @@ Checked by python/tests/ (pytest).
 """
 
 from . import _ext
-from ._ext import (Error, backend_status, backward, build_info, cuda_devices, forward,
-                   release_workspace_memory)
+from ._ext import (Error, backend_status, backward, backward_varlen, build_info, cuda_devices,
+                   forward, forward_varlen, release_workspace_memory)
 
 __all__ = [
     "Error",
     "forward",
     "backward",
+    "forward_varlen",
+    "backward_varlen",
     "explain",
     "backend_status",
     "build_info",
@@ -73,7 +82,7 @@ def explain(B, Tq, Tk, H, Hkv, d, *, causal=False, window=0, softcap=0.0, scale=
                         backend=backend, backward=backward, deterministic=deterministic)
 
 
-def oracle_forward(q, k, v, *, causal=False, window=0, softcap=0.0, scale=None):
+def oracle_forward(q, k, v, *, causal=False, window=0, softcap=0.0, scale=None, q_start=None):
     """The f64 reference oracle's forward: returns ``(o, lse)`` as float64 numpy arrays.
 
     Inputs are converted to float64 numpy arrays. The oracle is plain loops
@@ -86,11 +95,12 @@ def oracle_forward(q, k, v, *, causal=False, window=0, softcap=0.0, scale=None):
     lse = np.empty((q.shape[0], q.shape[2], q.shape[1]) if q.ndim == 4 else (0,),
                    dtype=np.float64)
     _ext.oracle_forward(q, k, v, o, lse, causal=causal, window=window, softcap=softcap,
-                        scale=scale)
+                        scale=scale, q_start=q_start)
     return o, lse
 
 
-def oracle_backward(q, k, v, do, *, causal=False, window=0, softcap=0.0, scale=None):
+def oracle_backward(q, k, v, do, *, causal=False, window=0, softcap=0.0, scale=None,
+                    q_start=None):
     """The f64 reference oracle's gradients: returns ``(dq, dk, dv)`` as float64 numpy arrays.
 
     It recomputes the forward itself (D = do . o with the oracle's own o).
@@ -102,7 +112,7 @@ def oracle_backward(q, k, v, do, *, causal=False, window=0, softcap=0.0, scale=N
     dk = np.empty(k.shape, dtype=np.float64)
     dv = np.empty(k.shape, dtype=np.float64)
     _ext.oracle_backward(q, k, v, do, dq, dk, dv, causal=causal, window=window,
-                         softcap=softcap, scale=scale)
+                         softcap=softcap, scale=scale, q_start=q_start)
     return dq, dk, dv
 
 
@@ -114,5 +124,5 @@ def __getattr__(name):
     if name in ("torch", "flash_attn_interface", "hf"):
         import importlib
 
-        return importlib.import_module(".torch", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'gqattn' has no attribute {name!r}")
