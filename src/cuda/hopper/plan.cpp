@@ -92,9 +92,8 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
   const fused::ScoreArgs score = fused::score_args(p);
   plan.score_mode = fused::score_mode(score, plan.elem);
   // Varlen: the default tile (its only varlen kernels, kept few), packed
-  // GQA by max_seqlen_q (forward/tile_schedule.cuh varlen_tile_coord),
-  // no split-KV (its partials and combine are laid out by max_seqlen_q,
-  // not per sequence), no multicast (kCluster 1 only): see
+  // GQA and split-KV by max_seqlen_q (forward/tile_schedule.cuh
+  // varlen_tile_coord), no multicast (kCluster 1 only): see
   // docs/decisions/hopper-varlen-forward.md.
   plan.varlen = p.varlen;
   plan.shape =
@@ -109,12 +108,6 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
   plan.splits = force.forward_splits > 0
                     ? force.forward_splits
                     : split_kv_rule(plan.work_tiles, plan.key_tiles, device.multiprocessors);
-  if (p.varlen && plan.splits > 1) {
-    if (force.forward_splits > 1)
-      plan.forced = "splits=" + std::to_string(force.forward_splits) +
-                    ": not supported: cuda-hopper has no varlen split-KV";
-    plan.splits = 1;
-  }
   // Clusters pair the two query heads of a kv head on one query tile: not
   // for split tasks (dealt split by split) nor packed tiles (one kv head
   // each, no partner).

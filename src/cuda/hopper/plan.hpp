@@ -29,7 +29,7 @@ struct ForwardPlan {
   TileShape shape = TileShape::kDefault;
   ForwardTileDims tile;
   // A varlen batch (docs/decisions/hopper-varlen-forward.md): the default
-  // tile, one CTA per cluster, no split-KV.
+  // tile, one CTA per cluster.
   bool varlen = false;
   // Packed GQA (forward/pack_gqa.hpp): a tile holds 2^pack_shift query
   // heads of one kv head; 0: one head per tile.

@@ -179,22 +179,26 @@ __device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams&
 
 // Split-KV (split_kv.hpp): the task's rows, normalised over its range of
 // key tiles, as f32 O and lse into the workspace partials (ForwardParams
-// o_part, lse_part) that split_combine.cuh merges into o and lse. A row
+// o_part, lse_part) that split_combine.cuh merges into o and lse, laid out
+// by part_tq rows per (batch, head): the batch's Tq (a varlen batch's
+// max_seqlen_q), while tq bounds the rows stored (the sequence's). A row
 // with no kept key in the range has O 0 and lse -inf (the softmax's
 // finalize), so it weighs nothing there.
 template <int kD>
 __device__ __forceinline__ void store_split_partial(const ForwardParams& p, const TileCoord& tile,
-                                                    int tq, int wg, const ConsumerResult<kD>& r) {
+                                                    int tq, int part_tq, int wg,
+                                                    const ConsumerResult<kD>& r) {
   const int lane = int(threadIdx.x) % kWarpSize;
   const int warp = (int(threadIdx.x) / kWarpSize) % kWarpsPerWarpgroup;
   const int row0 = tile.m0 + wg * kWgmmaM + warp * fused::kMmaM + fused::frag_row(lane);
   const int col0 = fused::frag_col(lane);  // even: 8-byte aligned pairs
-  const int64_t split_rows = int64_t(p.B) * p.H * tq;
+  const int64_t split_rows = int64_t(p.B) * p.H * part_tq;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const RowTarget at = row_target(p, tile, row0 + half * fused::kFragRowHalf);
     if (at.query >= tq) continue;
-    const int64_t row = tile.split * split_rows + (int64_t(tile.b) * p.H + at.head) * tq + at.query;
+    const int64_t row =
+        tile.split * split_rows + (int64_t(tile.b) * p.H + at.head) * part_tq + at.query;
     float* o = p.o_part + row * kD + col0;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
@@ -205,15 +209,17 @@ __device__ __forceinline__ void store_split_partial(const ForwardParams& p, cons
 }
 
 template <class Tile, typename Elem, ScoreMode kScores>
+// tq: the rows of the tile's sequence; part_tq: the batch's (split-KV
+// partials' layout, store_split_partial).
 __device__ __forceinline__ void store_output(const ForwardParams& p, const TileCoord& tile, int tq,
-                                             int wg, const ConsumerResult<Tile::kD>& r,
+                                             int part_tq, int wg, const ConsumerResult<Tile::kD>& r,
                                              uint32_t smem) {
   // A warpgroup whose rows all lie before row 0 (the first tile of an
   // end-aligned causal problem, tile_schedule.cuh query_tile_shift) has nothing
   // to store; no warpgroup has only some of its rows there.
   if (tile.m0 + wg * kWgmmaM < 0) return;
   if (p.num_splits > 1) {
-    store_split_partial<Tile::kD>(p, tile, tq, wg, r);
+    store_split_partial<Tile::kD>(p, tile, tq, part_tq, wg, r);
     return;
   }
   if (stages_output<Tile>() && p.o_by_tma)

@@ -65,7 +65,7 @@ void launch_forward_grid(const ForwardPlan& plan, const ForwardParams& params,
   }
   cuda::check_launch("cuda-hopper forward_kernel");
   if (p.num_splits > 1) {
-    launch_dependent(forward_combine_kernel<Tile::kD, Elem>, unsigned(combine_blocks(p)),
+    launch_dependent(forward_combine_kernel<Tile::kD, Elem, kVarlen>, unsigned(combine_blocks(p)),
                      kCombineThreads, 0, stream, /*overlap=*/true, p);
     cuda::check_launch("cuda-hopper forward_combine_kernel");
   }

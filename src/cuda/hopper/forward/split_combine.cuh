@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "cuda/fused/fragment.cuh"
+#include "cuda/fused/sequence.hpp"
 #include "cuda/hopper/forward/params.hpp"
 #include "cuda/hopper/forward/tile_sizes.hpp"
 #include "cuda/hopper/ptx/grid_dependency.cuh"
@@ -26,7 +27,11 @@ namespace gqattn::hopper {
 constexpr int kCombineWarps = 4;  // rows per block
 constexpr int kCombineThreads = kCombineWarps * kWarpSize;
 
-template <int kD, typename Elem>
+// kVarlen: rows of a varlen batch's partials (laid out by max_seqlen_q):
+// row q of sequence b is merged only where q < tq_b, into packed row
+// q_row0 + q of o and lse (the rows past tq_b were never written and belong
+// to no output row of b).
+template <int kD, typename Elem, bool kVarlen = false>
 __global__ void __launch_bounds__(kCombineThreads)
     forward_combine_kernel(const __grid_constant__ ForwardParams p) {
   // Launched by programmatic dependent launch (docs/decisions/hopper-forward-split-kv.md): the
@@ -40,6 +45,12 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int64_t row = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / kWarpSize;
   if (row >= rows) return;
   const int lane = int(threadIdx.x) % kWarpSize;
+  int q_row0 = 0;  // varlen: the sequence's first packed row
+  if constexpr (kVarlen) {
+    const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, int(row / tq / p.H));
+    if (int(row % tq) >= seq.mask.tq) return;
+    q_row0 = seq.q_row0;
+  }
 
   float m = -INFINITY;
   for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.lse_part[s * rows + row]);
@@ -63,13 +74,17 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int q = int(row % tq);
   const int64_t bh = row / tq;
   const int h = int(bh % p.H), b = int(bh / p.H);
-  Elem* out = static_cast<Elem*>(p.o) + b * p.o_stride.batch + h * p.o_stride.head +
-              int64_t(q) * p.o_stride.row + lane * kPerLane;
+  // Where the row goes in o and lse: varlen, packed row q_row0 + q of the
+  // batch-of-one view.
+  const int out_row = kVarlen ? q_row0 + q : q;
+  const int out_b = kVarlen ? 0 : b;
+  Elem* out = static_cast<Elem*>(p.o) + out_b * p.o_stride.batch + h * p.o_stride.head +
+              int64_t(out_row) * p.o_stride.row + lane * kPerLane;
 #pragma unroll
   for (int j = 0; j < kPerLane; j += 2)
     *reinterpret_cast<uint32_t*>(out + j) = fused::pack2<Elem>(acc[j] * inv, acc[j + 1] * inv);
   if (lane == 0 && p.lse != nullptr)
-    p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + q] =
+    p.lse[out_b * p.lse_batch_stride + h * p.lse_head_stride + out_row] =
         m != -INFINITY ? m + logf(sum) : -INFINITY;
 }
 

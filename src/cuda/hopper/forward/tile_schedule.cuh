@@ -131,9 +131,10 @@ __device__ __forceinline__ TileCoord tile_coord(const ForwardParams& p, const Ma
 }
 
 // The task of index `index` of a varlen batch, and `mask`, its sequence's
-// mask. Neither split-KV nor the kv-grouped order (the plan turns them off
-// for varlen): tiles over B x tile_heads x num_m, num_m the query tiles of
-// max_seqlen_q (packed: of its packed rows), in the longest-first order.
+// mask. Not the kv-grouped order (it assumes equally long tiles): tiles
+// over B x tile_heads x num_m, num_m the query tiles of max_seqlen_q
+// (packed: of its packed rows), in the longest-first order, each
+// num_splits consecutive tasks as in tile_coord.
 // Under a causal mask an unpacked sequence's tiles are end-aligned like a
 // dense problem's (query_tile_shift), only with up to num_m tiles of spare
 // rows: its last tile is index m_block num_m - 1, the longest of every
@@ -146,15 +147,15 @@ __device__ __forceinline__ TileCoord varlen_tile_coord(const ForwardParams& p, i
                                                        MaskPolicy& mask) {
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
   const int heads = tile_heads(p);
-  const int num_m = p.num_tiles / (p.B * heads);
-  const TileId id = tile_id(TileOrderArgs{p.B, heads, p.Hkv, num_m, 0}, index);
+  const int num_m = p.num_tiles / p.num_splits / (p.B * heads);
+  const TileId id = tile_id(TileOrderArgs{p.B, heads, p.Hkv, num_m, 0}, index / p.num_splits);
   const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, id.b);
   mask = MaskPolicy(seq.mask);
   TileCoord c;
   c.b = id.b;
   c.h = id.h << p.pack_shift;  // packed: id.h is the kv head
   c.hk = c.h / (p.H / p.Hkv);
-  c.split = 0;
+  c.split = index % p.num_splits;
   c.tb = 0;
   c.q_row0 = seq.q_row0;
   c.k_row0 = seq.k_row0;
@@ -163,6 +164,10 @@ __device__ __forceinline__ TileCoord varlen_tile_coord(const ForwardParams& p, i
   c.m0 = id.m_block * kBlockM - shift;  // >= 0 where packed
   c.empty = (c.m0 >> p.pack_shift) >= mask.tq || c.m0 + kBlockM <= 0;
   c.keys = c.empty ? BlockRange{} : mask.key_blocks(c.m0, kBlockM, kBlockN, p.pack_shift);
+  if (p.num_splits > 1) {
+    const KeyTileRange r = split_key_tiles(c.keys.first, c.keys.last, c.split, p.num_splits);
+    c.keys = BlockRange{r.first, r.last};
+  }
   return c;
 }
 
