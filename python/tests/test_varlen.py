@@ -393,3 +393,66 @@ def test_dense_q_start_gradcheck():
     v = torch.randn(1, 6, 1, 3, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
         lambda a, b, c: gt.attention(a, b, c, causal=True, window=2, q_start=1), (q, k, v))
+
+
+# ---- CUDA (skipped without a GPU) ------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device (torch.cuda.is_available() is False)")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("name", ["zero-and-one", "causal", "tq-gt-tk-causal", "window",
+                                  "softcap-gqa", "q_start-2-window"])
+def test_cuda_against_f64(name, dtype):
+    q_lens, k_lens, H, Hkv, d, kw, mask = CASES[name]
+    d = 64  # the CUDA backends' head dimensions
+    q, k, v, do = make(q_lens, k_lens, H, Hkv, d, dtype=torch.float64, seed=3)
+    cu_q, cu_k = offsets(q_lens), offsets(k_lens)
+    ro, rlse, rdq, rdk, rdv = varlen_reference(q, k, v, do, cu_q, cu_k, **mask)
+    dev = [t.to(dtype=dtype, device="cuda") for t in (q, k, v, do)]
+    o, lse, (dq, dk, dv) = run(*dev, cu_q.cuda(), cu_k.cuda(), max(q_lens), max(k_lens), **kw)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert rel(o.cpu(), ro) < tol and rel(lse.cpu(), rlse) < tol
+    for got, want in ((dq, rdq), (dk, rdk), (dv, rdv)):
+        assert rel(got.cpu(), want) < 4 * tol
+
+
+@needs_cuda
+def test_cuda_graph_capture_skips_the_offsets_check():
+    # Under capture the wrapper passes check_offsets=False (checking copies
+    # the offsets to the host, which capture forbids); replays give the eager
+    # bits.
+    q_lens, k_lens = [37, 0, 128, 5], [64, 3, 200, 5]
+    q, k, v, do = (t.to(torch.bfloat16).cuda() for t in make(q_lens, k_lens, 8, 2, 64, seed=4))
+    cu_q, cu_k = offsets(q_lens).cuda(), offsets(k_lens).cuda()
+
+    def step(q, k, v, do):
+        o = gt.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 128, 200, causal=True)
+        return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+    want = step(*(t.clone().requires_grad_() for t in (q, k, v)), do)
+    static = [t.clone().requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step(*static)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, w in zip(outputs, want):
+        assert torch.equal(got, w)
+
+
+@needs_cuda
+def test_cuda_bad_offsets_raise_in_eager_mode():
+    q, k, v, _, cu_q, cu_k = _op_args()
+    q, k, v = (t.cuda() for t in (q, k, v))
+    with pytest.raises(gqattn.Error, match=r"cu_seqlens_k\[B\] = 10"):
+        _call(q, k, v, cu_q.cuda(), torch.tensor([0, 4, 6, 10], dtype=torch.int32).cuda())
+    with pytest.raises(gqattn.Error, match=r"cu_seqlens_q\.device = cpu"):
+        _call(q, k, v, cu_q, cu_k.cuda())
