@@ -10,7 +10,10 @@ expected one, so untouched elements are checked too), cache_seqlens as an int
 and as a tensor, the lse, the arguments refused, opcheck of both custom ops
 and torch.compile(fullgraph=True) of a decode step. merge_attention_states:
 attention over two halves of the keys merges to attention over all of them,
-and rows without keys on both sides give o = 0, lse = -inf.
+and rows without keys on both sides give o = 0, lse = -inf. The CUDA tests
+(skipped without a GPU; skipped too while the library answers that no CUDA
+backend has a KV-cache path) check bf16 against the reference, a decode step
+captured in a CUDA graph and replayed, and the merge on CUDA and in a graph.
 """
 
 import math
@@ -292,6 +295,40 @@ def test_torch_compile_decode_step(backend):
         compiled_case.k, compiled_case.v = eager.k.clone(), eager.v.clone()
 
 
+def test_check_offsets_on_in_eager_off_under_compile(monkeypatch):
+    # Eager calls let the library check the int32 vectors (a host copy for
+    # CUDA ones); compiled ones must not (no host sync inside a graph).
+    seen = []
+    real = gqattn._ext.forward_with_kv_cache
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["check_offsets"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gqattn._ext, "forward_with_kv_cache", spy)
+    c = Case(page=16, t_new=1, Tq=1)
+    c.run(causal=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda: c.run(causal=True), fullgraph=True, backend="aot_eager")
+    compiled()
+    assert seen == [True, False]
+
+
+def test_strided_inputs():
+    # q and the new keys as transposed views; a cache with strided rows
+    # (written in place through its strides).
+    c = Case()
+    q = c.q.transpose(1, 2).contiguous().transpose(1, 2)
+    k_cache = c.k_cache.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not q.is_contiguous() and not k_cache.is_contiguous()
+    want_k, want_v = c.expected_caches()
+    o = gt.flash_attn_with_kvcache(q, k_cache, c.v_cache, c.k, c.v, cache_seqlens=c.seqlens(),
+                                   causal=True)
+    assert torch.equal(k_cache, want_k) and torch.equal(c.v_cache, want_v)
+    ref_o, _ = reference(c.q, want_k, want_v, [n + 3 for n in c.cached], causal=True)
+    assert rel(o, ref_o) < 1e-5
+
+
 def test_merge_two_halves_of_the_keys_is_the_whole():
     g = torch.Generator().manual_seed(3)
     B, Tq, Tk, H, Hkv, d, split = 2, 6, 20, 4, 2, 16, 15
@@ -356,3 +393,121 @@ def test_flash_attn_interface_fa3_argument_order():
         with pytest.raises(gqattn.Error, match="not supported"):
             fa3(b.q, b.k_cache, b.v_cache, cache_seqlens=b.seqlens(), page_table=b.block_table,
                 **kwargs)
+
+
+# ---- CUDA (skipped without a GPU) ----------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA device (torch.cuda.is_available() is False)")
+
+
+def _to(case, device, dtype=None):
+    for name in ("q", "k", "v", "k_cache", "v_cache", "block_table", "cache_batch_idx"):
+        t = getattr(case, name)
+        if t is not None:
+            floating = t.is_floating_point()
+            setattr(case, name, t.to(device, dtype=dtype if floating and dtype else t.dtype))
+    return case
+
+
+def _run_or_skip(fn):
+    # The CUDA backends gain their KV-cache paths separately; until one has,
+    # the library refuses the call with this reason.
+    try:
+        return fn()
+    except gqattn.Error as e:
+        if "no KV-cache path" in str(e):
+            pytest.skip(str(e))
+        raise
+
+
+@needs_cuda
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: str(x))
+def test_cuda_against_f64_reference(layout):
+    c = _to(Case(**layout), "cuda", torch.bfloat16)
+    want_k, want_v = c.expected_caches()
+    o, lse = _run_or_skip(lambda: c.run(causal=True, return_softmax_lse=True))
+    torch.cuda.synchronize()
+    assert torch.equal(c.k_cache, want_k) and torch.equal(c.v_cache, want_v)
+    lengths = [n + c.t_new for n in c.cached]
+    ref_o, ref_lse = reference(c.q.cpu(), want_k.cpu(), want_v.cpu(), lengths,
+                               None if c.block_table is None else c.block_table.cpu(),
+                               None if c.cache_batch_idx is None else c.cache_batch_idx.cpu(),
+                               causal=True)
+    assert rel(o.cpu(), ref_o) < 2e-2
+    assert rel(lse.cpu(), ref_lse) < 1e-3
+
+
+@needs_cuda
+def test_cuda_bad_block_table_raises_in_eager():
+    c = _to(Case(page=3), "cuda", torch.bfloat16)
+    c.block_table[1, 0] = 10**6
+    with pytest.raises(gqattn.Error, match=r"block_table\[1, 0\]|no KV-cache path"):
+        c.run()
+
+
+@needs_cuda
+def test_cuda_graph_decode_step_replays_eagerly():
+    # A decode step captured in a CUDA graph (check_offsets off there) and
+    # replayed over new keys and lengths gives the eager outputs and caches.
+    def make():
+        return _to(Case(page=16, t_new=1, Tq=1, capacity=64, cached=(40, 3, 17)), "cuda",
+                   torch.bfloat16)
+
+    eager, static = make(), make()
+    _run_or_skip(lambda: eager.run(causal=True))  # skips before any capture if unsupported
+    eager, static = make(), make()
+    seqlens = static.seqlens().cuda()
+
+    def step():
+        return gt.flash_attn_with_kvcache(static.q, static.k_cache, static.v_cache, static.k,
+                                          static.v, cache_seqlens=seqlens,
+                                          block_table=static.block_table, causal=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch asks
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    eager.k_cache.copy_(static.k_cache)  # the warm-up appended once; start equal
+    eager.v_cache.copy_(static.v_cache)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for t in range(1, 4):
+        lengths = torch.tensor([n + t for n in eager.cached], dtype=torch.int32, device="cuda")
+        k, v = torch.randn_like(eager.k), torch.randn_like(eager.v)
+        want = gt.flash_attn_with_kvcache(eager.q, eager.k_cache, eager.v_cache, k, v,
+                                          cache_seqlens=lengths, block_table=eager.block_table,
+                                          causal=True)
+        seqlens.copy_(lengths)
+        static.k.copy_(k)
+        static.v.copy_(v)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+        assert torch.equal(static.k_cache, eager.k_cache)
+        assert torch.equal(static.v_cache, eager.v_cache)
+
+
+@needs_cuda
+def test_cuda_merge_matches_cpu_and_captures():
+    g = torch.Generator().manual_seed(5)
+    o_a, o_b = (torch.randn(2, 5, 4, 64, generator=g) for _ in range(2))
+    lse_a, lse_b = (torch.randn(2, 4, 5, generator=g) for _ in range(2))
+    lse_b[0, 0] = -math.inf
+    want_o, want_lse = gt.merge_attention_states(o_a, lse_a, o_b, lse_b)
+    inputs = [t.cuda() for t in (o_a, lse_a, o_b, lse_b)]
+    o, lse = gt.merge_attention_states(*inputs)
+    assert rel(o.cpu(), want_o) < 1e-6 and rel(lse.cpu(), want_lse) < 1e-6
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gt.merge_attention_states(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        got = gt.merge_attention_states(*inputs)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], o) and torch.equal(got[1], lse)
