@@ -15,7 +15,7 @@ enum class Device { cpu, cuda };
 
 // Backends. Auto picks the fastest compiled-in backend that supports the
 // problem; an explicit backend that cannot run a problem fails with the reason.
-enum class Backend { Auto, Cpu, CudaUnfused, CudaFlash, CudaHopper };
+enum class Backend { Auto, Cpu, CudaUnfused, CudaFlash, CudaHopper, CpuFlash };
 
 // A backend may support one pass and not the other (a forward-only backend).
 enum class Pass { forward, backward };

@@ -118,6 +118,7 @@ class BackendImpl {
 // (then `reason` says why). Defined in the backend's own folder, or in
 // registry.cpp when the backend is not built.
 const BackendImpl* cpu_backend();
+const BackendImpl* cpu_flash_backend();
 const BackendImpl* cuda_unfused_backend(std::string* reason);
 const BackendImpl* cuda_flash_backend(std::string* reason);
 const BackendImpl* cuda_hopper_backend(std::string* reason);

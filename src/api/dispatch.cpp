@@ -22,7 +22,8 @@ namespace {
 // Fastest first. cuda-unfused is not among them: its memory and time grow
 // with Tq x Tk (P in memory), so it runs only when named; a problem only it
 // can run fails under Auto with the hint to name it.
-constexpr Backend kAutoOrder[] = {Backend::CudaHopper, Backend::CudaFlash, Backend::Cpu};
+constexpr Backend kAutoOrder[] = {Backend::CudaHopper, Backend::CudaFlash, Backend::CpuFlash,
+                                  Backend::Cpu};
 
 struct Choice {
   const BackendImpl* impl = nullptr;
@@ -306,6 +307,7 @@ const char* backend_name(Backend backend) {
   switch (backend) {
     case Backend::Auto: return "auto";
     case Backend::Cpu: return "cpu";
+    case Backend::CpuFlash: return "cpu-flash";
     case Backend::CudaUnfused: return "cuda-unfused";
     case Backend::CudaFlash: return "cuda-flash";
     case Backend::CudaHopper: return "cuda-hopper";
@@ -314,7 +316,8 @@ const char* backend_name(Backend backend) {
 }
 
 std::vector<Backend> all_backends() {
-  return {Backend::Cpu, Backend::CudaUnfused, Backend::CudaFlash, Backend::CudaHopper};
+  return {Backend::Cpu, Backend::CpuFlash, Backend::CudaUnfused, Backend::CudaFlash,
+          Backend::CudaHopper};
 }
 
 Backend parse_backend(const std::string& name) {
@@ -322,7 +325,7 @@ Backend parse_backend(const std::string& name) {
   for (Backend b : all_backends())
     if (name == backend_name(b)) return b;
   throw Error("backend = '" + name + "'",
-              "must be one of auto, cpu, cuda-unfused, cuda-flash, cuda-hopper");
+              "must be one of auto, cpu, cpu-flash, cuda-unfused, cuda-flash, cuda-hopper");
 }
 
 std::vector<BackendStatus> backend_status() {
@@ -340,7 +343,8 @@ std::vector<BackendStatus> backend_status() {
       probe.Tq = probe.Tk = 128;
       probe.H = probe.Hkv = 1;
       probe.d = 64;
-      const Device device = b == Backend::Cpu ? Device::cpu : Device::cuda;
+      const Device device =
+          b == Backend::Cpu || b == Backend::CpuFlash ? Device::cpu : Device::cuda;
       reason = impl->why_not(probe, DType::bf16, device);
     }
     s.available = s.compiled && reason.empty();

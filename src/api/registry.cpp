@@ -53,6 +53,7 @@ const BackendImpl* cuda_hopper_backend(std::string* reason) {
 const BackendImpl* find_backend(Backend backend, std::string* reason) {
   switch (backend) {
     case Backend::Cpu: return cpu_backend();
+    case Backend::CpuFlash: return cpu_flash_backend();
     case Backend::CudaUnfused: return cuda_unfused_backend(reason);
     case Backend::CudaFlash: return cuda_flash_backend(reason);
     case Backend::CudaHopper: return cuda_hopper_backend(reason);

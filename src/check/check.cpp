@@ -263,7 +263,7 @@ std::vector<Metric> compare_all(const Outputs& out, const oracle::ForwardResult&
 }
 
 Device device_of(Backend backend) {
-  if (backend == Backend::Cpu) return Device::cpu;
+  if (backend == Backend::Cpu || backend == Backend::CpuFlash) return Device::cpu;
   if (backend != Backend::Auto) return Device::cuda;
   return cuda_devices().empty() ? Device::cpu : Device::cuda;
 }

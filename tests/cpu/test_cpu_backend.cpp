@@ -38,11 +38,11 @@ TEST(CpuBackend, IsListedAsCompiledAndAvailable) {
 }
 
 #ifndef GQATTN_WITH_CUDA
-TEST(CpuBackend, AutoPicksCpuWithoutCuda) {
+TEST(CpuBackend, AutoPicksCpuFlashWithoutCuda) {
   const Explanation e =
       explain(make_problem(1, 4, 4, 1, 1, 8), DType::bf16, Device::cpu, Backend::Auto);
   EXPECT_TRUE(e.supported) << e.reason;
-  EXPECT_EQ(e.chosen, Backend::Cpu);
+  EXPECT_EQ(e.chosen, Backend::CpuFlash);
 }
 #endif
 

@@ -239,11 +239,11 @@ TEST(Validation, ExplainNamesEveryRejectedBackend) {
     EXPECT_NE(why.reason.find(name), std::string::npos) << why.reason;
 }
 
-TEST(Validation, AutoOnCpuTensorsPicksCpu) {
+TEST(Validation, AutoOnCpuTensorsPicksCpuFlash) {
   Problem p;
   const auto why = gqattn::explain(p, DType::f32, Device::cpu, Backend::Auto);
   EXPECT_TRUE(why.supported) << why.reason;
-  EXPECT_EQ(why.chosen, Backend::Cpu);
+  EXPECT_EQ(why.chosen, Backend::CpuFlash);
 }
 
 TEST(Validation, ParseBackend) {
