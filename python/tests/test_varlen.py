@@ -271,6 +271,28 @@ def test_torch_compile_fullgraph(backend):
         assert rel(t.grad, g) < 1e-5
 
 
+def test_torch_compile_dynamic_shapes():
+    # Other batch sizes, totals and max_seqlen recompile with symbolic sizes:
+    # the fake implementations must not bake any of them in.
+    def loss(q, k, v, cu, max_len):
+        return gt.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len,
+                                         causal=True).square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager", dynamic=True)
+    for lens in ([3, 4], [5, 1, 7], [2, 9, 4, 6]):
+        q, k, v, _ = make(lens, lens, 4, 2, 8, seed=len(lens))
+        cu = offsets(lens)
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        got = compiled(*leaves, cu, max(lens))
+        got_grads = torch.autograd.grad(got, leaves)
+        want = loss(*leaves, cu, max(lens))
+        want_grads = torch.autograd.grad(want, leaves)
+        assert torch.equal(got, want)
+        for a, b in zip(got_grads, want_grads):
+            assert torch.equal(a, b)
+
+
 def test_offsets_checked_only_outside_compile(monkeypatch):
     # The wrapper passes check_offsets=True in eager mode, False when traced.
     seen = []
