@@ -11,6 +11,7 @@
 #include <string>
 
 #include "api/plan_override.hpp"
+#include "cuda/hopper/forward/split_kv.hpp"
 #include "cuda/hopper/plan.hpp"
 
 namespace {
@@ -205,6 +206,52 @@ TEST(HopperPlan, ForcedDqPathAndGroupReachThePlanOrAreRefused) {
   EXPECT_NE(gqattn::hopper::why_not(plan_backward(p, DType::bf16, kH200, force), kH200)
                 .find("always ordered"),
             std::string::npos);
+}
+
+// A varlen batch (Tq, Tk the longest lengths): the default tile (its only
+// varlen kernels), never clustered; packed GQA and split-KV by the same
+// rules as dense (docs/decisions/hopper-varlen-forward.md).
+TEST(HopperPlan, VarlenRunsTheDefaultTileUnclustered) {
+  Problem causal = shape(4, 4096, 4096, 32, 8, 128, true);
+  causal.varlen = true;
+  const ForwardPlan plan = forward(causal);
+  EXPECT_TRUE(plan.varlen);
+  EXPECT_EQ(plan.shape, TileShape::kDefault);
+  EXPECT_EQ(plan.work_tiles, 32 * 4 * 32);  // over max_seqlen_q: the empty tiles are skipped
+  EXPECT_EQ(plan.cluster_ctas, 1);
+  EXPECT_EQ(plan.splits, 1);
+  EXPECT_EQ(gqattn::hopper::why_not(plan, kH200), "");
+  EXPECT_EQ(gqattn::hopper::describe(plan).rfind("varlen forward tile 128x128", 0), 0u)
+      << gqattn::hopper::describe(plan);
+  EXPECT_EQ(
+      gqattn::hopper::describe(forward(shape(4, 4096, 4096, 32, 8, 128, true))).find("varlen"),
+      std::string::npos);
+
+  // Decoding: d128 without mask keeps the default tile (not the wide one),
+  // packs four heads a tile (64 work tiles) and splits the 64 key tiles.
+  Problem decode = shape(8, 1, 8192, 32, 8, 128, false);
+  decode.varlen = true;
+  const ForwardPlan d = forward(decode);
+  EXPECT_EQ(d.shape, TileShape::kDefault);
+  EXPECT_EQ(d.pack_shift, 2);
+  EXPECT_EQ(d.work_tiles, 64);
+  EXPECT_EQ(d.key_tiles, 64);
+  EXPECT_EQ(d.splits, gqattn::hopper::split_kv_rule(64, 64, 132));
+  EXPECT_GT(d.splits, 1);
+  EXPECT_EQ(d.split_rows, std::size_t(d.splits) * 8 * 32 * 1);
+
+  // d64 long keys: not the tall tile.
+  Problem d64 = shape(2, 4096, 4096, 8, 8, 64, false);
+  d64.varlen = true;
+  EXPECT_EQ(forward(d64).shape, TileShape::kDefault);
+
+  // A forced split count reaches a varlen plan too.
+  PlanOverride force;
+  force.forward_splits = 3;
+  const ForwardPlan forced = plan_forward(causal, DType::bf16, kH200, force);
+  EXPECT_EQ(forced.splits, 3);
+  EXPECT_EQ(forced.cluster_ctas, 1);
+  EXPECT_EQ(gqattn::hopper::why_not(forced, kH200), "");
 }
 
 TEST(HopperPlan, DescriptionNamesWhatRuns) {
