@@ -213,9 +213,10 @@ def test_introspection():
     assert info["version"] == gqattn.__version__
     status = {s["backend"]: s for s in gqattn.backend_status()}
     assert status["cpu"]["available"]
-    assert set(status) == {"cpu", "cuda-unfused", "cuda-flash", "cuda-hopper"}
+    assert set(status) == {"cpu", "cpu-flash", "cuda-unfused", "cuda-flash", "cuda-hopper"}
     ok = gqattn.explain(1, 128, 128, 8, 2, 64, causal=True, dtype="float32", device="cpu")
-    assert ok == {"supported": True, "chosen": "cpu", "reason": "", "plan": ""}
+    # Auto picks cpu-flash, the faster host backend, for host tensors.
+    assert ok == {"supported": True, "chosen": "cpu-flash", "reason": "", "plan": ""}
     bad = gqattn.explain(1, 128, 128, 8, 2, 64, dtype=np.float32, device="cpu",
                          backend="cuda-flash")
     assert not bad["supported"] and "cuda-flash" in bad["reason"]
