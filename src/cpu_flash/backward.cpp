@@ -52,12 +52,8 @@ void load_query_side(const detail::BackwardArgs& a, const Shape& s, const Plan& 
   load_tile(a.q, b, h, q0, bq, nq, d, w.Q.data(), dp);
   load_tile(a.dout, b, h, q0, bq, nq, d, w.dO.data(), dp);
   load_tile(a.o, b, h, q0, bq, nq, d, w.O.data(), dp);
+  row_dots(bq, d, w.dO.data(), w.O.data(), dp, w.D.data());
   for (int64_t r = 0; r < bq; ++r) {
-    float sum = 0.0f;
-    const float* x = w.dO.data() + r * dp;
-    const float* y = w.O.data() + r * dp;
-    for (int64_t c = 0; c < dp; ++c) sum += x[c] * y[c];
-    w.D[r] = sum;
     w.m[r] = r < nq ? st.m[st.at(s, b, h, q0 + r)] : 0.0f;
     w.inv_l[r] = r < nq ? st.inv_l[st.at(s, b, h, q0 + r)] : 0.0f;
   }

@@ -43,9 +43,8 @@ inline void transform_row(const Shape& s, float* row, int64_t n, int64_t lo, int
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int64_t c = 0; c < n; ++c) row[c] *= s.scale;
   if (s.softcap > 0.0f) {
-    const float inv = 1.0f / s.softcap;
     for (int64_t c = 0; c < n; ++c) {
-      const float th = std::tanh(row[c] * inv);
+      const float th = std::tanh(row[c] / s.softcap);  // the mirror's rounding
       if (t != nullptr) t[c] = th;
       row[c] = s.softcap * th;
     }

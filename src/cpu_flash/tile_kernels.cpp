@@ -20,9 +20,11 @@ namespace {
 
 // 4 rows of C by W columns: acc = (C or 0) + sum over k of A[r][k] * B[k][:],
 // k ascending.
+// Always inlined: a call would run the baseline copy, not the caller's clone.
 template <int W>
-inline void block_4xw(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
-                      int64_t ldc, bool accumulate) {
+__attribute__((always_inline)) inline void block_4xw(int64_t K, const float* A, int64_t lda,
+                                                     const float* B, int64_t ldb, float* C,
+                                                     int64_t ldc, bool accumulate) {
   float acc[4][W];
   for (int r = 0; r < 4; ++r)
     for (int c = 0; c < W; ++c) acc[r][c] = accumulate ? C[r * ldc + c] : 0.0f;
@@ -57,6 +59,17 @@ void gemm_nn(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const
       n0 += 16;
     }
   }
+}
+
+GQATTN_CLONES
+void row_dots(int64_t rows, int64_t n, const float* A, const float* B, int64_t ld, float* out) {
+  // The loop order of gemm_nn (k outer, one accumulator per output element,
+  // acc += a * b): a reduction loop over c would be split by the vectorizer
+  // into a product and a separate add, rounding differently from the GEMM's
+  // contracted fma.
+  for (int64_t r = 0; r < rows; ++r) out[r] = 0.0f;
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t r = 0; r < rows; ++r) out[r] += A[r * ld + c] * B[r * ld + c];
 }
 
 GQATTN_CLONES

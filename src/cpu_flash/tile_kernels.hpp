@@ -16,6 +16,12 @@ namespace gqattn::cpu_flash {
 void gemm_nn(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
              int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
+// out[r] = sum over c < n of A[r][c] * B[r][c], c ascending, for r < rows:
+// rounded exactly as gemm_nn rounds one element of its product (the same
+// expression in the same clone), so D = rowsum(dO * O) cancels exactly
+// against dP = dO V^T where O equals a row of V (a window of one key).
+void row_dots(int64_t rows, int64_t n, const float* A, const float* B, int64_t ld, float* out);
+
 // dst[c][r] = src[r][c] for r < rows, c < cols.
 void transpose(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd);
 
