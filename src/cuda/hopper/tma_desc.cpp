@@ -51,7 +51,7 @@ std::string why_not_tma(const TensorRef& t, const char* name) {
   if (reinterpret_cast<std::uintptr_t>(t.data) % kTmaAlign != 0)
     return std::string(name) + ".data must be 16-byte aligned for TMA";
   const std::size_t elem = dtype_size(t.dtype);
-  for (int i = 0; i < kDimD; ++i) {
+  for (int i = 0; i + 1 < t.rank; ++i) {  // every dimension but d (contiguous)
     if (t.shape[i] > 1 && (std::size_t(t.stride[i]) * elem) % kTmaAlign != 0)
       return std::string(name) + ".stride[" + std::to_string(i) + "]*" + std::to_string(elem) +
              " bytes must be a multiple of 16 for TMA (stride[" + std::to_string(i) +

@@ -13,9 +13,10 @@
 
 namespace gqattn::hopper {
 
-// "" when TMA can read `t` ([B, T, heads, d], 16-bit): data 16-byte aligned
-// and every stride of a dimension longer than 1 a multiple of 16 bytes;
-// otherwise why not, naming the tensor.
+// "" when TMA can read `t` ([B, T, heads, d], or a varlen batch's packed
+// [total, heads, d], 16-bit): data 16-byte aligned and the stride of every
+// dimension but d that is longer than 1 a multiple of 16 bytes; otherwise
+// why not, naming the tensor.
 std::string why_not_tma(const TensorRef& t, const char* name);
 
 // The map of `t` over dimensions (d, heads, T, B), innermost first, with
