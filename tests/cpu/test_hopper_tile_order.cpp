@@ -3,6 +3,9 @@
 // order runs query tiles from the last down, and the kv-grouped order keeps
 // each run of consecutive indices (a persistent round) on few (batch, kv
 // head) pairs, with the query heads of one pair and query tile adjacent.
+// A varlen batch's query tiles (varlen_query_tile) hold every row of their
+// sequence exactly once, rows before row 0 only in whole warpgroups, and
+// are empty exactly where they hold no row.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -111,6 +114,40 @@ TEST(HopperTileOrder, KeyTileGroupsAreTheFewestPairsHoldingOneAndAHalfWaves) {
   EXPECT_EQ(dkdv_group_pairs(4, 98, kSms, 8), 0);    // 196; 4 pairs are all of them
   EXPECT_EQ(dkdv_group_pairs(1, 1000, kSms, 8), 0);  // one pair: nothing to group
   EXPECT_EQ(dkdv_group_pairs(32, 32, kSms, 0), 0);   // grouping off
+}
+
+// Every tile size (kBlockM 128, 192; warpgroups of 64 rows), every
+// sequence length up to max_seqlen_q, end-aligned or not.
+TEST(HopperTileOrder, VarlenQueryTilesHoldEverySequenceRowOnce) {
+  using gqattn::hopper::varlen_query_tile;
+  using gqattn::hopper::VarlenQueryTile;
+  constexpr int kWg = 64;
+  for (int block_m : {128, 192})
+    for (int max_tq : {1, 63, 64, 127, 128, 129, 200, 383, 384, 1000})
+      for (bool end_aligned : {false, true}) {
+        const int num_m = (max_tq + block_m - 1) / block_m;
+        for (int tq = 0; tq <= max_tq; ++tq) {
+          std::vector<int> held(size_t(tq), 0);
+          for (int m = 0; m < num_m; ++m) {
+            const VarlenQueryTile t = varlen_query_tile(m, num_m, block_m, kWg, tq, end_aligned);
+            int rows = 0;
+            for (int r = t.m0; r < t.m0 + block_m; ++r)
+              if (r >= 0 && r < tq) ++held[size_t(r)], ++rows;
+            EXPECT_EQ(t.empty, rows == 0) << block_m << " " << tq << " " << m;
+            // A warpgroup's rows are all before row 0 or none are.
+            if (!t.empty && t.m0 < 0) EXPECT_EQ(t.m0 % kWg, 0) << block_m << " " << tq;
+          }
+          for (int r = 0; r < tq; ++r) EXPECT_EQ(held[size_t(r)], 1) << tq << " row " << r;
+          // End-aligned: the last tile (dealt first) holds the sequence's last row.
+          if (end_aligned && tq > 0) {
+            const VarlenQueryTile last =
+                varlen_query_tile(num_m - 1, num_m, block_m, kWg, tq, end_aligned);
+            EXPECT_TRUE(last.m0 <= tq - 1 && tq - 1 < last.m0 + block_m) << block_m << " " << tq;
+            // ... and reaches past it by less than a warpgroup.
+            EXPECT_LT(last.m0 + block_m - tq, kWg) << block_m << " " << tq;
+          }
+        }
+      }
 }
 
 }  // namespace

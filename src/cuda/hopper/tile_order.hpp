@@ -64,6 +64,23 @@ GQATTN_HD TileId tile_id(const TileOrderArgs& a, int index) {
   return t;
 }
 
+// A varlen batch's query tiles (tile_schedule.cuh varlen_tile_coord): query
+// tile m_block of num_m (over max_seqlen_q) of a sequence of tq rows (or
+// packed rows) starts at row m0; end_aligned (causal, not packed) counts
+// the tiles from the sequence's end, in whole warpgroups of `wg_rows` rows
+// (query_tile_shift's rule with up to num_m tiles of spare rows), else from
+// row 0. A tile is empty where it holds no row of [0, tq).
+struct VarlenQueryTile {
+  int m0;
+  bool empty;
+};
+GQATTN_HD VarlenQueryTile varlen_query_tile(int m_block, int num_m, int block_m, int wg_rows,
+                                            int tq, bool end_aligned) {
+  const int shift = end_aligned ? (num_m * block_m - tq) / wg_rows * wg_rows : 0;
+  const int m0 = m_block * block_m - shift;
+  return {m0, m0 >= tq || m0 + block_m <= 0};
+}
+
 // The backward's grids (one CTA per tile, dispatched in block-index order).
 // The dQ grid takes tile_id's longest-first order. The dK/dV grid runs the
 // key tiles of each (batch, kv head) pair from the first (under a causal

@@ -159,10 +159,13 @@ __device__ __forceinline__ TileCoord varlen_tile_coord(const ForwardParams& p, i
   c.tb = 0;
   c.q_row0 = seq.q_row0;
   c.k_row0 = seq.k_row0;
-  const bool end_aligned = mask.causal && p.pack_shift == 0;
-  const int shift = end_aligned ? (num_m * kBlockM - mask.tq) / kWgmmaM * kWgmmaM : 0;
-  c.m0 = id.m_block * kBlockM - shift;  // >= 0 where packed
-  c.empty = (c.m0 >> p.pack_shift) >= mask.tq || c.m0 + kBlockM <= 0;
+  // Packed, in packed rows: tq << pack_shift (< 2^31: packed tiles are
+  // dealt only where max_seqlen_q < kBlockM).
+  const VarlenQueryTile q =
+      varlen_query_tile(id.m_block, num_m, kBlockM, kWgmmaM, mask.tq << p.pack_shift,
+                        mask.causal && p.pack_shift == 0);
+  c.m0 = q.m0;
+  c.empty = q.empty;
   c.keys = c.empty ? BlockRange{} : mask.key_blocks(c.m0, kBlockM, kBlockN, p.pack_shift);
   if (p.num_splits > 1) {
     const KeyTileRange r = split_key_tiles(c.keys.first, c.keys.last, c.split, p.num_splits);
