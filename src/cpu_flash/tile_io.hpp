@@ -21,10 +21,20 @@ inline void load_tile(const TensorRef& t, int64_t b, int64_t head, int64_t row0,
                       int64_t valid, int64_t d, float* tile, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     float* dst = tile + r * ld;
-    if (r < valid)
+    if (r < valid && t.dtype == DType::bf16) {
+      // bf16 is the high half of an f32: a shift the compiler vectorizes
+      // (the generic per-element conversion cost more than the tile GEMMs).
+      const uint16_t* src =
+          static_cast<const uint16_t*>(t.data) + cpu::element_offset(t, b, row0 + r, head);
+      for (int64_t x = 0; x < d; ++x) {
+        const uint32_t bits = uint32_t(src[x]) << 16;
+        std::memcpy(dst + x, &bits, 4);
+      }
+    } else if (r < valid) {
       cpu::load_floats(t, cpu::element_offset(t, b, row0 + r, head), d, dst);
-    else
+    } else {
       std::memset(dst, 0, sizeof(float) * d);
+    }
     std::memset(dst + d, 0, sizeof(float) * (ld - d));
   }
 }
