@@ -78,7 +78,8 @@ each takes `--flag value` or `--flag=value`:
                  CUDA device are not copied and checked before the call;
                  backends that run sequence by sequence still read them)
   --dtype T      f32, bf16 or f16                       (bf16)
-  --backend B    cpu, cuda-unfused, cuda-flash, cuda-hopper, auto, or
+  --backend B    cpu-flash, cpu (the mirror), cuda-unfused, cuda-flash,
+                 cuda-hopper, auto, or
                  all = every backend available here      (all)
   --seed N       random seed                            (1)
   --forward-only skip the backward pass
@@ -495,8 +496,8 @@ int run_check(const std::vector<std::string>& args) {
   // else on the CPU.
   if (!all) {
     const gqattn::Backend b = backends.front();
-    const bool on_cpu =
-        b == gqattn::Backend::Cpu || (b == gqattn::Backend::Auto && gqattn::cuda_devices().empty());
+    const bool on_cpu = b == gqattn::Backend::Cpu || b == gqattn::Backend::CpuFlash ||
+                        (b == gqattn::Backend::Auto && gqattn::cuda_devices().empty());
     const auto device = on_cpu ? gqattn::Device::cpu : gqattn::Device::cuda;
     const gqattn::Explanation why = gqattn::explain(p, c.dtype, device, b);
     if (!why.supported) throw UsageError{why.reason};
@@ -577,7 +578,8 @@ int run_explain(const std::vector<std::string>& args) {
     if (pass == gqattn::Pass::backward && !c.backward) break;
     const char* pass_name = pass == gqattn::Pass::forward ? "forward" : "backward";
     for (gqattn::Backend b : backends) {
-      const bool on_cpu = b == gqattn::Backend::Cpu || (b == gqattn::Backend::Auto && !have_gpu);
+      const bool on_cpu = b == gqattn::Backend::Cpu || b == gqattn::Backend::CpuFlash ||
+                          (b == gqattn::Backend::Auto && !have_gpu);
       const gqattn::Explanation e = gqattn::explain(
           c.problem, c.dtype, on_cpu ? gqattn::Device::cpu : gqattn::Device::cuda, b, pass);
       if (c.json) {

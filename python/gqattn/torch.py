@@ -309,8 +309,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, window: int
             False permits faster non-deterministic paths (e.g. cuda-flash's
             backward adds dQ with atomics; same tolerances, last bits may
             vary between runs).
-        backend: "auto", "cpu", "cuda-unfused", "cuda-flash" or
-            "cuda-hopper"; an explicit backend that cannot run the problem
+        backend: "auto", "cpu-flash", "cpu" (the mirror), "cuda-unfused",
+            "cuda-flash" or "cuda-hopper"; an explicit backend that cannot run the problem
             raises gqattn.Error saying why.
         q_start: the key position of query 0 (None = ``Tk - Tq``,
             bottom-right). 0 is top-left alignment (PyTorch SDPA's

@@ -721,7 +721,8 @@ window counts the keys kept per query, self included (0 = none); softcap > 0
 caps scores as softcap * tanh(s / softcap); scale defaults to 1/sqrt(d).
 q_start: query i sits at key position q_start + i (None = Tk - Tq, bottom-right);
 causal keeps keys j <= q_start + i, the window j >= q_start + i - window + 1.
-backend: "auto", "cpu", "cuda-unfused", "cuda-flash" or "cuda-hopper".
+backend: "auto", "cpu-flash", "cpu" (the mirror), "cuda-unfused", "cuda-flash" or
+"cuda-hopper".
 stream: a cudaStream_t as an integer (0 = default stream).
 num_threads: threads of the CPU backend (0 = all hardware threads).
 Raises gqattn.Error (a ValueError) naming the argument; nothing is written then.)";
