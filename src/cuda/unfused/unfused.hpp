@@ -80,6 +80,21 @@ struct ZeroRows {
 };
 void launch_zero_rows(const ZeroRows& zero, const Launch& launch);
 
+// Copies `rows` rows of (heads x d) elements between two [B, T, heads, d]
+// tensors: row r from src slot (src_slots[2r], src_slots[2r + 1]) = (b, t)
+// to dst slot (dst_slots[2r], dst_slots[2r + 1]). The KV-cache path appends
+// new keys into the cache and gathers a sequence's keys out of it with it.
+// The slot tables live in device memory and hold slots inside both tensors.
+struct SlotCopy {
+  DType dtype = DType::f32;
+  In src;
+  Out dst;
+  const int64_t* src_slots = nullptr;  // [rows, 2]
+  const int64_t* dst_slots = nullptr;  // [rows, 2]
+  int64_t rows = 0, heads = 0, d = 0;
+};
+void launch_copy_slots(const SlotCopy& copy, const Launch& launch);
+
 // "" when the current device can run these kernels (the build holds an
 // image for its architecture), else why not.
 std::string why_no_kernel_image();

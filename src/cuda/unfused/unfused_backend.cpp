@@ -7,10 +7,15 @@
 // A varlen batch is the exception: it runs sequence by sequence, each the
 // dense problem of its own lengths over views offset to its rows, so the
 // offsets are read on the host first (needs_host_offsets: dispatch copies
-// and checks them, one synchronisation with the stream).
+// and checks them, one synchronisation with the stream). A KV-cache call
+// also reads the cache's vectors on the host: it appends the new keys into
+// the cache, then per sequence gathers the sequence's keys into a
+// contiguous buffer and runs the dense forward over them, as the CPU
+// mirror does.
 // Checked by tests/gpu/test_cuda_unfused.cpp (results against the CPU
 // backend, determinism, strides, the refusals and their messages) and
-// tests/gpu/test_varlen.cpp (varlen batches and q_start against the oracle).
+// tests/gpu/test_varlen.cpp (varlen batches and q_start against the oracle)
+// and tests/gpu/test_kv_cache.cpp (the KV cache against the oracle).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -19,6 +24,7 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "api/backend.hpp"
 #include "cuda/common/cuda_check.hpp"
@@ -58,11 +64,12 @@ std::string gib(double bytes) {
 }
 
 // Workspace bytes: P [B, H, Tq, Tk] f32, and for backward D [B, H, Tq] f32.
-// A varlen batch runs one sequence at a time on one stream, so one
-// sequence's workspace at the longest lengths (Tq, Tk) serves them all.
+// A varlen batch (and a KV-cache call) runs one sequence at a time on one
+// stream, so one sequence's workspace at the longest lengths (Tq, Tk)
+// serves them all.
 // In double first: for sizes no device holds the int64 product overflows.
 double workspace_bytes(const Problem& p, bool with_d) {
-  const double batch = p.varlen ? 1.0 : double(p.B);
+  const double batch = p.varlen || p.kv_cache ? 1.0 : double(p.B);
   const double rows = batch * double(p.H) * double(p.Tq);
   return rows * double(p.Tk) * sizeof(float) + (with_d ? rows * sizeof(float) : 0.0);
 }
@@ -155,6 +162,130 @@ void zero_unread_keys(const BackwardArgs& args, const HostOffsets& host, int64_t
   }
 }
 
+// Byte offset `bytes` rounded up to the workspace's alignment, so that each
+// buffer carved out of one workspace starts aligned for any element type.
+std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Batch b of a [B, ...] tensor (q, o, lse) as a batch of one; a tensor
+// without data stays without.
+TensorRef batch_row(TensorRef t, int64_t b) {
+  if (t.data != nullptr)
+    t.data = static_cast<char*>(t.data) + b * t.stride[0] * int64_t(dtype_size(t.dtype));
+  t.shape[0] = 1;
+  return t;
+}
+
+// The KV-cache forward (KvCacheArgs, docs/semantics.md "KV cache"): the new
+// keys and values appended into the cache in place, then sequence by
+// sequence its keys gathered from the cache into a contiguous
+// [1, keys, Hkv, d] buffer and the dense forward run over them (B = 1,
+// Tk = keys, q_start as the per-sequence problem says), in the same order of
+// operations as the CPU mirror. The slots come from the checked host copy
+// of the cache's vectors, uploaded once as one table of (b, t) pairs.
+void kv_cache_forward(const KvCacheArgs& a, const unfused::Launch& launch,
+                      void (*forward_dense)(const Problem&, const TensorRef&, const TensorRef&,
+                                            const TensorRef&, const TensorRef&, const TensorRef&,
+                                            float*, const unfused::Launch&)) {
+  if (a.host == nullptr)  // needs_host_offsets() makes dispatch read them for every call
+    throw Error("backend", "cuda-unfused: a KV-cache call arrived without its host vectors");
+  const HostKvCache& h = *a.host;
+  const Problem& p = a.problem;
+  const KvCache& cache = a.cache;
+  const int64_t t_new = a.k_new.data ? a.k_new.shape[1] : 0;
+  auto cache_slot = [&](int64_t b, int64_t pos) -> std::pair<int64_t, int64_t> {
+    if (p.kv_page_size > 0)
+      return {h.block_table[std::size_t(b * cache.pages_per_seq + pos / p.kv_page_size)],
+              pos % p.kv_page_size};
+    return {h.batch_idx.empty() ? b : h.batch_idx[std::size_t(b)], pos};
+  };
+
+  // Slot table: the append's (src, dst) pairs, then each sequence's gather
+  // pairs. seqlens are checked: seqlens[b] + t_new <= Tk.
+  std::vector<int64_t> slots;
+  auto push = [&slots](int64_t i0, int64_t i1) {
+    slots.push_back(i0);
+    slots.push_back(i1);
+  };
+  const int64_t appended = p.B * t_new;
+  for (int64_t b = 0; b < p.B; ++b)  // append sources: k_new (b, t)
+    for (int64_t t = 0; t < t_new; ++t) push(b, t);
+  for (int64_t b = 0; b < p.B; ++b)  // append destinations: the cache slots
+    for (int64_t t = 0; t < t_new; ++t) {
+      const auto [i0, i1] = cache_slot(b, h.seqlens[std::size_t(b)] + t);
+      push(i0, i1);
+    }
+  std::vector<std::size_t> gather_at(std::size_t(p.B));  // first pair of sequence b's gather
+  for (int64_t b = 0; b < p.B; ++b) {
+    gather_at[std::size_t(b)] = slots.size() / 2;
+    const int64_t keys = h.seqlens[std::size_t(b)] + t_new;
+    for (int64_t pos = 0; pos < keys; ++pos) {  // sources: the cache slots
+      const auto [i0, i1] = cache_slot(b, pos);
+      push(i0, i1);
+    }
+    for (int64_t pos = 0; pos < keys; ++pos) push(0, pos);  // destinations: the buffer's rows
+  }
+
+  // One workspace: the slot table, the gathered K and V (at capacity Tk),
+  // then P of one sequence. Allocated before anything is written: a failed
+  // allocation leaves the cache and the outputs untouched.
+  const std::size_t elem = dtype_size(a.q.dtype);
+  const std::size_t table_bytes = aligned(slots.size() * sizeof(int64_t));
+  const std::size_t kv_bytes = aligned(std::size_t(p.Tk * p.Hkv * p.d) * elem);
+  const double p_bytes = workspace_bytes(p, /*with_d=*/false);
+  require_free_memory(double(table_bytes + 2 * kv_bytes) + p_bytes, /*with_d=*/false);
+  cuda::StreamWorkspace workspace(table_bytes + 2 * kv_bytes + std::size_t(p_bytes), launch.stream);
+  char* base = static_cast<char*>(workspace.data());
+  auto* table = reinterpret_cast<int64_t*>(base);
+  void* k_rows = base + table_bytes;
+  void* v_rows = base + table_bytes + kv_bytes;
+  auto* P = reinterpret_cast<float*>(base + table_bytes + 2 * kv_bytes);
+  if (!slots.empty())  // pageable source: staged before the call returns
+    GQATTN_CUDA_CHECK(cudaMemcpyAsync(table, slots.data(), slots.size() * sizeof(int64_t),
+                                      cudaMemcpyHostToDevice, launch.stream));
+
+  for (const auto& [from, to] :
+       {std::pair<const TensorRef*, const TensorRef*>{&a.k_new, &cache.k}, {&a.v_new, &cache.v}}) {
+    unfused::SlotCopy append;
+    append.dtype = a.q.dtype;
+    append.src = in(*from);
+    append.dst = out(*to);
+    append.src_slots = table;
+    append.dst_slots = table + 2 * appended;
+    append.rows = appended;
+    append.heads = p.Hkv;
+    append.d = p.d;
+    unfused::launch_copy_slots(append, launch);
+  }
+
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t keys = h.seqlens[std::size_t(b)] + t_new;
+    Problem one = p;
+    one.kv_cache = false;
+    one.kv_page_size = 0;
+    one.B = 1;
+    one.Tk = keys;
+    const TensorRef k = contiguous(k_rows, a.q.dtype, Device::cuda, 1, keys, p.Hkv, p.d);
+    const TensorRef v = contiguous(v_rows, a.q.dtype, Device::cuda, 1, keys, p.Hkv, p.d);
+    // keys == 0: nothing gathered; the forward kernel keeps no key for any
+    // row and writes o = 0, lse = -inf without reading k or v.
+    const int64_t* pairs = table + 2 * gather_at[std::size_t(b)];
+    for (const auto& [from, to] :
+         {std::pair<const TensorRef*, const TensorRef*>{&cache.k, &k}, {&cache.v, &v}}) {
+      unfused::SlotCopy gather;
+      gather.dtype = a.q.dtype;
+      gather.src = in(*from);
+      gather.dst = out(*to);
+      gather.src_slots = pairs;
+      gather.dst_slots = pairs + 2 * keys;
+      gather.rows = keys;
+      gather.heads = p.Hkv;
+      gather.d = p.d;
+      unfused::launch_copy_slots(gather, launch);
+    }
+    forward_dense(one, batch_row(a.q, b), k, v, batch_row(a.o, b), batch_row(a.lse, b), P, launch);
+  }
+}
+
 class CudaUnfusedBackend final : public BackendImpl {
  public:
   Backend id() const override { return Backend::CudaUnfused; }
@@ -180,8 +311,14 @@ class CudaUnfusedBackend final : public BackendImpl {
     return "";
   }
 
-  // A varlen batch runs sequence by sequence from the host.
+  // A varlen batch runs sequence by sequence from the host, and so does a
+  // KV-cache call (the cache's vectors read on the host).
   bool needs_host_offsets() const override { return true; }
+  bool supports_kv_cache() const override { return true; }
+
+  void forward_kv_cache(const KvCacheArgs& args) const override {
+    kv_cache_forward(args, launch_on(args.options.stream), &forward_dense);
+  }
 
   std::string why_not_tensor(const TensorRef& t, const char* name, Pass) const override {
     return cuda::why_not_device_pointer(t.data, name);
