@@ -1,6 +1,7 @@
 // copy_slots: copies rows of (heads x d) elements from one [B, T, heads, d]
 // tensor to another, row r from slot src_slots[r] = (b, t) to slot
-// dst_slots[r], one thread per element. cuda-unfused's KV-cache path uses it
+// dst_slots[r] (or, without dst_slots, to row r of batch 0), one thread per
+// element. cuda-unfused's KV-cache path uses it
 // twice: to append the new keys and values into the cache (k_new (b, t) to
 // the cache slot of position seqlens[b] + t), and to gather a sequence's keys
 // from the cache (dense rows or pages) into a contiguous [1, keys, Hkv, d]
@@ -24,7 +25,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   for (int64_t e = first_row(); e < elements; e += row_step()) {
     const int64_t x = e % d, h = (e / d) % heads, r = e / (d * heads);
     const T* from = at(src, src_stride, src_slots[2 * r], src_slots[2 * r + 1], h);
-    at(dst, dst_stride, dst_slots[2 * r], dst_slots[2 * r + 1], h)[x] = from[x];
+    T* to = dst_slots != nullptr ? at(dst, dst_stride, dst_slots[2 * r], dst_slots[2 * r + 1], h)
+                                 : at(dst, dst_stride, 0, r, h);
+    to[x] = from[x];
   }
 }
 

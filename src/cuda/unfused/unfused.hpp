@@ -82,7 +82,8 @@ void launch_zero_rows(const ZeroRows& zero, const Launch& launch);
 
 // Copies `rows` rows of (heads x d) elements between two [B, T, heads, d]
 // tensors: row r from src slot (src_slots[2r], src_slots[2r + 1]) = (b, t)
-// to dst slot (dst_slots[2r], dst_slots[2r + 1]). The KV-cache path appends
+// to dst slot (dst_slots[2r], dst_slots[2r + 1]), or to (0, r) when
+// dst_slots is null (a gather into a contiguous buffer). The KV-cache path appends
 // new keys into the cache and gathers a sequence's keys out of it with it.
 // The slot tables live in device memory and hold slots inside both tensors.
 struct SlotCopy {
@@ -90,7 +91,7 @@ struct SlotCopy {
   In src;
   Out dst;
   const int64_t* src_slots = nullptr;  // [rows, 2]
-  const int64_t* dst_slots = nullptr;  // [rows, 2]
+  const int64_t* dst_slots = nullptr;  // [rows, 2], or null: (0, r)
   int64_t rows = 0, heads = 0, d = 0;
 };
 void launch_copy_slots(const SlotCopy& copy, const Launch& launch);

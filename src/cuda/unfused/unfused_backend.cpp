@@ -181,7 +181,7 @@ TensorRef batch_row(TensorRef t, int64_t b) {
 // [1, keys, Hkv, d] buffer and the dense forward run over them (B = 1,
 // Tk = keys, q_start as the per-sequence problem says), in the same order of
 // operations as the CPU mirror. The slots come from the checked host copy
-// of the cache's vectors, uploaded once as one table of (b, t) pairs.
+// of the cache's vectors, uploaded once as one table of (b, t) slots.
 void kv_cache_forward(const KvCacheArgs& a, const unfused::Launch& launch,
                       void (*forward_dense)(const Problem&, const TensorRef&, const TensorRef&,
                                             const TensorRef&, const TensorRef&, const TensorRef&,
@@ -199,8 +199,9 @@ void kv_cache_forward(const KvCacheArgs& a, const unfused::Launch& launch,
     return {h.batch_idx.empty() ? b : h.batch_idx[std::size_t(b)], pos};
   };
 
-  // Slot table: the append's (src, dst) pairs, then each sequence's gather
-  // pairs. seqlens are checked: seqlens[b] + t_new <= Tk.
+  // Slot table: the append's source and destination slots, then each
+  // sequence's gather sources (its destinations are the buffer's rows
+  // 0 .. keys - 1). seqlens are checked: seqlens[b] + t_new <= Tk.
   std::vector<int64_t> slots;
   auto push = [&slots](int64_t i0, int64_t i1) {
     slots.push_back(i0);
@@ -218,11 +219,10 @@ void kv_cache_forward(const KvCacheArgs& a, const unfused::Launch& launch,
   for (int64_t b = 0; b < p.B; ++b) {
     gather_at[std::size_t(b)] = slots.size() / 2;
     const int64_t keys = h.seqlens[std::size_t(b)] + t_new;
-    for (int64_t pos = 0; pos < keys; ++pos) {  // sources: the cache slots
+    for (int64_t pos = 0; pos < keys; ++pos) {
       const auto [i0, i1] = cache_slot(b, pos);
       push(i0, i1);
     }
-    for (int64_t pos = 0; pos < keys; ++pos) push(0, pos);  // destinations: the buffer's rows
   }
 
   // One workspace: the slot table, the gathered K and V (at capacity Tk),
@@ -276,7 +276,7 @@ void kv_cache_forward(const KvCacheArgs& a, const unfused::Launch& launch,
       gather.src = in(*from);
       gather.dst = out(*to);
       gather.src_slots = pairs;
-      gather.dst_slots = pairs + 2 * keys;
+      gather.dst_slots = nullptr;  // row pos of the buffer
       gather.rows = keys;
       gather.heads = p.Hkv;
       gather.d = p.d;
