@@ -11,6 +11,7 @@
 #include <string>
 
 #include "api/plan_override.hpp"
+#include "cuda/fused/sequence.hpp"
 #include "cuda/hopper/forward/split_kv.hpp"
 #include "cuda/hopper/plan.hpp"
 
@@ -252,6 +253,35 @@ TEST(HopperPlan, VarlenRunsTheDefaultTileUnclustered) {
   EXPECT_EQ(forced.splits, 3);
   EXPECT_EQ(forced.cluster_ctas, 1);
   EXPECT_EQ(gqattn::hopper::why_not(forced, kH200), "");
+}
+
+// A varlen backward: per-head workspace blocks of varlen_workspace_rows
+// (total_q from the packed tensors, or B * Tq without them), the fused
+// dQ's accumulator and semaphores over the same rows
+// (docs/decisions/hopper-varlen-backward.md).
+TEST(HopperPlan, VarlenBackwardSizesItsWorkspaceByPackedRows) {
+  Problem p = shape(4, 1000, 1000, 32, 8, 128, true);
+  p.varlen = true;
+  const int64_t total_q = 2500;
+  const auto plan = plan_backward(p, DType::bf16, kH200, kRule, total_q);
+  const int64_t head_rows = gqattn::fused::varlen_workspace_rows(total_q, 4);
+  EXPECT_TRUE(plan.varlen);
+  EXPECT_EQ(plan.rows, std::size_t(32 * head_rows));
+  if (plan.fused_dq) {
+    EXPECT_EQ(plan.accum_floats, plan.rows * 128);
+    EXPECT_EQ(plan.semaphores, std::size_t(32 * head_rows / 64));
+  }
+  EXPECT_EQ(plan_backward(p, DType::bf16, kH200, kRule).rows,
+            std::size_t(32 * gqattn::fused::varlen_workspace_rows(4 * 1000, 4)));
+  EXPECT_EQ(gqattn::hopper::why_not(plan, kH200), "");
+  EXPECT_EQ(gqattn::hopper::describe(plan).rfind("varlen backward", 0), 0u)
+      << gqattn::hopper::describe(plan);
+  PlanOverride force;
+  force.dq_path = DqPath::separate;
+  const auto separate = plan_backward(p, DType::bf16, kH200, force, total_q);
+  EXPECT_FALSE(separate.fused_dq);
+  EXPECT_EQ(separate.accum_floats, 0u);
+  EXPECT_EQ(separate.rows, plan.rows);
 }
 
 TEST(HopperPlan, DescriptionNamesWhatRuns) {

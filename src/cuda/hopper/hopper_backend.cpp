@@ -75,7 +75,6 @@ class CudaHopperBackend final : public BackendImpl {
 
   // d in {64, 128, 256} (at d = 256 the consumer warpgroups share a tile).
   std::string why_not_backward(const Problem& p, DType dtype, Device device) const override {
-    if (p.varlen) return "not supported: cuda-hopper has no varlen backward yet";
     const std::string r = why_not(p, dtype, device);
     if (!r.empty()) return r;
     if (!hopper::bwd::head_dim_supported(p.d))
@@ -171,7 +170,8 @@ class CudaHopperBackend final : public BackendImpl {
 
   void backward(const BackwardArgs& a) const override {
     const hopper::BackwardPlan plan =
-        hopper::plan_backward(a.problem, a.q.dtype, device_limits(), detail::plan_override());
+        hopper::plan_backward(a.problem, a.q.dtype, device_limits(), detail::plan_override(),
+                              a.problem.varlen ? a.q.shape[1] : -1);
     const int64_t d = a.problem.d;
     hopper::bwd::BackwardParams p;
     p.q_map = hopper::make_tile_map(a.q, hopper::bwd::kBoxRows, "q");
@@ -180,8 +180,9 @@ class CudaHopperBackend final : public BackendImpl {
     p.do_map = hopper::make_tile_map(a.dout, hopper::bwd::kBoxRows, "do");
     // The gradients go by TMA where all three meet its alignment
     // (why_not_tensor asks 4 bytes of them): the kernels' choice, results
-    // identical.
-    p.grads_by_tma = hopper::why_not_tma(a.dq, "dq").empty() &&
+    // identical. Not for varlen: TMA clips only at the packed end, so a
+    // tile crossing a sequence's end would write the next one's rows.
+    p.grads_by_tma = !plan.varlen && hopper::why_not_tma(a.dq, "dq").empty() &&
                      hopper::why_not_tma(a.dk, "dk").empty() &&
                      hopper::why_not_tma(a.dv, "dv").empty();
     if (p.grads_by_tma) {

@@ -123,7 +123,7 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
 }
 
 BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& device,
-                           const detail::PlanOverride& force) {
+                           const detail::PlanOverride& force, int64_t total_q) {
   BackwardPlan plan;
   plan.d = int(p.d);
   plan.elem = elem_of(dtype);
@@ -147,11 +147,19 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
   else if (pairs > 0)
     plan.dkdv_group_pairs = bwd::dkdv_group_pairs(
         int(pairs), int(bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d) / pairs), device.multiprocessors);
+  plan.varlen = p.varlen;
   plan.tq_padded = fused::tq_padded(p.Tq);
   plan.rows = std::size_t(p.B * p.H * plan.tq_padded);
+  // Varlen: H blocks of varlen_workspace_rows (fused/sequence.hpp), the
+  // rows fused::backward_params gives each head.
+  const int64_t head_rows =
+      p.varlen ? fused::varlen_workspace_rows(total_q >= 0 ? total_q : p.B * p.Tq, p.B) : 0;
+  if (p.varlen) plan.rows = std::size_t(p.H * head_rows);
   if (plan.fused_dq) {
-    plan.accum_floats = bwd::fused_dq_accum_floats(p.B, p.H, plan.tq_padded, p.d);
-    plan.semaphores = bwd::fused_dq_semaphores(p.B, p.H, plan.tq_padded);
+    plan.accum_floats = p.varlen ? plan.rows * std::size_t(p.d)
+                                 : bwd::fused_dq_accum_floats(p.B, p.H, plan.tq_padded, p.d);
+    plan.semaphores = p.varlen ? bwd::fused_dq_varlen_semaphores(p.H, head_rows)
+                               : bwd::fused_dq_semaphores(p.B, p.H, plan.tq_padded);
   }
   plan.workspace_bytes =
       (2 * plan.rows + plan.accum_floats) * sizeof(float) + plan.semaphores * sizeof(int);
@@ -200,8 +208,8 @@ std::string describe(const ForwardPlan& plan) {
 }
 
 std::string describe(const BackwardPlan& plan) {
-  std::string out =
-      std::string("backward dQ ") + (plan.fused_dq ? "fused (ordered adds)" : "separate");
+  std::string out = std::string(plan.varlen ? "varlen " : "") + "backward dQ " +
+                    (plan.fused_dq ? "fused (ordered adds)" : "separate");
   out += ", dK/dV grid ";
   out += plan.dkdv_group_pairs > 0
              ? "in groups of " + std::to_string(plan.dkdv_group_pairs) + " (batch, kv head) pairs"

@@ -54,8 +54,11 @@ struct BackwardPlan {
   bool fused_dq = false;
   // (batch, kv head) pairs per group of the dK/dV grid; 0: key-tile major.
   int dkdv_group_pairs = 0;
+  // A varlen batch: packed rows, workspace blocks per sequence
+  // (docs/decisions/hopper-varlen-backward.md).
+  bool varlen = false;
   int64_t tq_padded = 0;  // query rows of each (b, h) workspace row
-  std::size_t rows = 0;   // B * H * tq_padded
+  std::size_t rows = 0;   // B * H * tq_padded; varlen: H * varlen_workspace_rows
   std::size_t accum_floats = 0;
   std::size_t semaphores = 0;
   std::size_t workspace_bytes = 0;  // lse2, D, and the fused dQ's buffers
@@ -69,8 +72,10 @@ int64_t forward_blocks(int block_m, int64_t B, int64_t H, int64_t Tq);
 
 ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& device,
                          const detail::PlanOverride& force);
+// total_q: a varlen batch's packed query rows (the workspace's size); -1
+// where no tensor is at hand: B * Tq, at least as many.
 BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& device,
-                           const detail::PlanOverride& force);
+                           const detail::PlanOverride& force, int64_t total_q = -1);
 
 // "" when the plan runs within the grid's and (if known) the device's
 // shared-memory limits; else one line saying why not.

@@ -78,7 +78,7 @@
 namespace gqattn::hopper::bwd {
 
 // Run by exactly one thread of the CTA.
-template <int kD, bool kFusedDq>
+template <int kD, bool kFusedDq, bool kVarlen>
 __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const DkdvWork& w,
                                              uint32_t smem) {
   using Tile = DkdvTile<kD>;
@@ -92,8 +92,10 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
 
   ptx::mbar_arrive_expect_tx(smem + L::kKVFull, 2 * L::kKVBytes);
   constexpr int kBox = kv_box_rows(kD);
-  load_rows<kD, Tile::kBlockN, kBox>(smem + L::kK, &p.k_map, smem + L::kKVFull, w.n0, w.hk, w.b);
-  load_rows<kD, Tile::kBlockN, kBox>(smem + L::kV, &p.v_map, smem + L::kKVFull, w.n0, w.hk, w.b);
+  load_rows<kD, Tile::kBlockN, kBox>(smem + L::kK, &p.k_map, smem + L::kKVFull, w.k_row0 + w.n0,
+                                     w.hk, w.b);
+  load_rows<kD, Tile::kBlockN, kBox>(smem + L::kV, &p.v_map, smem + L::kKVFull, w.k_row0 + w.n0,
+                                     w.hk, w.b);
 
   for (int t = 0; t < w.steps; ++t) {
     const int stage = t % Tile::kStages;
@@ -103,11 +105,14 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
     const int m0 = w.m0(t, kBM);
     ptx::mbar_wait(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes, parity ^ 1u);
     ptx::mbar_arrive_expect_tx(full, L::kStageTxBytes);
-    load_rows<kD, kBM>(smem + L::kQ + uint32_t(stage) * L::kQBytes, &p.q_map, full, m0, h, w.b);
-    load_rows<kD, kBM>(smem + L::kDo + uint32_t(stage) * L::kQBytes, &p.do_map, full, m0, h, w.b);
-    // Workspace rows of (b, h), queries m0 .. m0 + kBM - 1: inside the row
-    // (tq_padded is a multiple of 128 >= m0 + kBM) and 256-byte aligned.
-    const int64_t ws = (int64_t(w.b) * p.c.H + h) * p.c.tq_padded + m0;
+    load_rows<kD, kBM>(smem + L::kQ + uint32_t(stage) * L::kQBytes, &p.q_map, full, w.q_row0 + m0,
+                       h, w.b);
+    load_rows<kD, kBM>(smem + L::kDo + uint32_t(stage) * L::kQBytes, &p.do_map, full, w.q_row0 + m0,
+                       h, w.b);
+    // Workspace rows of (b, h), queries m0 .. m0 + kBM - 1: inside the
+    // block (its rows are a multiple of 128 >= m0 + kBM) and 256-byte
+    // aligned (the block starts at a multiple of 128 rows).
+    const int64_t ws = workspace_row<kVarlen>(p.c, w.b, h, w.ws_row0) + m0;
     ptx::bulk_load(smem + L::kLse2 + uint32_t(stage) * L::kRowBytes, p.c.lse2 + ws, L::kRowBytes,
                    full);
     ptx::bulk_load(smem + L::kDsum + uint32_t(stage) * L::kRowBytes, p.c.dsum + ws, L::kRowBytes,
@@ -350,13 +355,16 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     return;
   }
   const fused::BackwardParams& c = p.c;
-  Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head;
-  Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head;
-  store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, mask.tk, dk, p.dkdq_scale);
-  store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, mask.tk, dv, 1.0f);
+  // Keys up to k_rows: a varlen sequence's rows past seqused_k get zeros.
+  Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head +
+                 int64_t(w.k_row0) * c.dk_stride.row;
+  Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head +
+                 int64_t(w.k_row0) * c.dv_stride.row;
+  store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, dk, p.dkdq_scale);
+  store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, w.k_rows, dv, 1.0f);
 }
 
-template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq, bool kVarlen>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
 #ifdef GQATTN_HOPPER_BWD_DEVICE_CODE
@@ -392,19 +400,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // (docs/decisions/hopper-backward-dq-convert-overlap.md).
   if constexpr (kFusedDq) ptx::launch_dependents();
 
-  const fused::MaskPolicy mask(p.c.mask);
-  const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM>(p.c, mask, p.dkdv_group_pairs);
+  // One sequence lookup per CTA; producer, writers and consumers share it.
+  // A dense batch's mask first, as before varlen (the same code).
+  const fused::MaskPolicy batch_mask(p.c.mask);
+  const KeyTileId id = dkdv_tile<Tile::kBlockN, Tile::kBlockM>(p.c, p.dkdv_group_pairs);
+  const fused::Sequence seq = backward_sequence<kVarlen>(p.c, id.b);
+  const fused::MaskPolicy mask = kVarlen ? fused::MaskPolicy(seq.mask) : batch_mask;
+  const DkdvWork w = dkdv_work<Tile::kBlockN, Tile::kBlockM, kVarlen>(p.c, id, seq, mask);
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kBwdProducerRegisters>();
-    if (threadIdx.x == 0) dkdv_produce<kD, kFusedDq>(p, w, smem);
+    if (threadIdx.x == 0) dkdv_produce<kD, kFusedDq, kVarlen>(p, w, smem);
     // Writers: lane 0 of warps 1 .. kDqWriters (warp 0 is the producer's).
     if constexpr (kFusedDq) {
       static_assert(kDqWriters >= 1 && kDqWriters < kWarpgroupThreads / kWarpSize,
                     "one producer-warpgroup warp per dQ writer");
       const int warp = int(threadIdx.x) / kWarpSize;
       if (threadIdx.x % kWarpSize == 0 && warp >= 1 && warp <= kDqWriters)
-        dkdv_write_dq<kD>(p, w, mask, smem, warp - 1);
+        dkdv_write_dq<kD, kVarlen>(p, w, mask, smem, warp - 1);
     }
     return;
   }

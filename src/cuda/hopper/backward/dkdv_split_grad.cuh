@@ -210,13 +210,16 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
     }
     return;
   }
+  // Keys up to k_rows: a varlen sequence's rows past seqused_k get zeros.
   const fused::BackwardParams& c = p.c;
   if (wg == 0) {
-    Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head;
-    store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, mask.tk, acc, 1.0f);
+    Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head +
+                   int64_t(w.k_row0) * c.dv_stride.row;
+    store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, w.k_rows, acc, 1.0f);
   } else {
-    Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head;
-    store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, mask.tk, acc, p.dkdq_scale);
+    Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head +
+                   int64_t(w.k_row0) * c.dk_stride.row;
+    store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, acc, p.dkdq_scale);
   }
 }
 

@@ -8,6 +8,8 @@
 
 #include "cuda/fused/mask.cuh"
 #include "cuda/fused/params.hpp"
+#include "cuda/fused/sequence.hpp"
+#include "cuda/hopper/backward/sequence.cuh"
 #include "cuda/hopper/tile_order.hpp"
 
 namespace gqattn::hopper::bwd {
@@ -17,10 +19,14 @@ struct DkdvWork {
   int n_block;  // key tile index
   int n0;       // first key of the tile
   int b, hk;    // batch, kv head
-  int group;    // query heads per kv head
-  int first;    // first query tile visited
-  int num_m;    // query tiles visited per head
-  int steps;    // group * num_m, or 0
+  // Sequence b's rows (fused::Sequence; dense: 0, 0, unused, Tk): TMA row
+  // coordinates q_row0 + m0 and k_row0 + n0, workspace blocks from ws_row0,
+  // dK/dV stored for keys < k_rows (zeros past seqused_k).
+  int q_row0, k_row0, ws_row0, k_rows;
+  int group;  // query heads per kv head
+  int first;  // first query tile visited
+  int num_m;  // query tiles visited per head
+  int steps;  // group * num_m, or 0
   // Step t: query tile first + num_m - 1 - t / group (the last first), query
   // head hk * group + t % group. Every key tile that visits a query tile
   // from its last visited query tile on (no mask, causal: all of them)
@@ -38,18 +44,33 @@ struct DkdvWork {
 // before it (in-order dispatch, as FA3's deterministic mode and CUTLASS's
 // stream-K assume): no wait can deadlock.
 template <int kBlockN, int kBlockM>
-__device__ __forceinline__ DkdvWork dkdv_work(const fused::BackwardParams& p,
-                                              const fused::MaskPolicy& mask, int group_pairs) {
-  DkdvWork w;
+__device__ __forceinline__ KeyTileId dkdv_tile(const fused::BackwardParams& p, int group_pairs) {
   const int num_pairs = p.B * p.Hkv;
-  const KeyTileId id =
-      key_tile_id(p.B, p.Hkv, int(gridDim.x) / num_pairs, group_pairs, int(blockIdx.x));
+  return key_tile_id(p.B, p.Hkv, int(gridDim.x) / num_pairs, group_pairs, int(blockIdx.x));
+}
+
+// `seq` is backward_sequence<kVarlen>(p, id.b) and `mask` its MaskPolicy: a
+// key tile at or past the sequence's tk (or of a sequence without queries)
+// gets no step, and its consumers store zeros over its rows below k_rows.
+template <int kBlockN, int kBlockM, bool kVarlen>
+__device__ __forceinline__ DkdvWork dkdv_work(const fused::BackwardParams& p, const KeyTileId& id,
+                                              const fused::Sequence& seq,
+                                              const fused::MaskPolicy& mask) {
+  DkdvWork w;
   w.n_block = id.n_block;
   w.b = id.b;
   w.hk = id.hk;
+  w.q_row0 = seq.q_row0;
+  w.k_row0 = seq.k_row0;
+  w.ws_row0 = seq.ws_row0;
+  w.k_rows = kVarlen ? seq.k_rows : mask.tk;  // dense: the same value as before
   w.group = p.H / p.Hkv;
   w.n0 = w.n_block * kBlockN;
-  const fused::BlockRange range = mask.query_blocks(w.n0, min(kBlockN, mask.tk - w.n0), kBlockM);
+  // A varlen sequence's key tiles reach past its tk (the grid is sized for
+  // the longest); query_blocks would see them as unmasked keys.
+  const fused::BlockRange range =
+      !kVarlen || w.n0 < mask.tk ? mask.query_blocks(w.n0, min(kBlockN, mask.tk - w.n0), kBlockM)
+                                 : fused::BlockRange{};
   w.first = range.first;
   w.num_m = range.last - range.first + 1;
   w.steps = w.num_m > 0 ? w.group * w.num_m : 0;

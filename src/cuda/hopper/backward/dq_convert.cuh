@@ -19,6 +19,7 @@
 #include "cuda/hopper/backward/dq_convert_tasks.hpp"
 #include "cuda/hopper/backward/dq_fused.cuh"
 #include "cuda/hopper/backward/params.hpp"
+#include "cuda/hopper/backward/sequence.cuh"
 #include "cuda/hopper/ptx/bulk_reduce.cuh"
 #include "cuda/hopper/ptx/grid_dependency.cuh"
 
@@ -48,7 +49,7 @@ namespace gqattn::hopper::bwd {
 // (griddepcontrol.wait; nothing to wait for without programmatic dependent
 // launch), so that this grid completes after it and the work that follows
 // on the stream sees dk and dv.
-template <int kD, typename Elem>
+template <int kD, typename Elem, bool kVarlen>
 __global__ void __launch_bounds__(kDqConvertThreads)
     backward_dq_convert_kernel(const __grid_constant__ BackwardParams p) {
 #ifdef GQATTN_HOPPER_BWD_DEVICE_CODE
@@ -80,16 +81,42 @@ __global__ void __launch_bounds__(kDqConvertThreads)
   const float scale = p.dkdq_scale;
   const int64_t tasks = dq_convert_tasks(blocks, gridDim.x, blockIdx.x);
   const int chunks = int((tasks + kDqConvertChunk - 1) / kDqConvertChunk);
+  // Task j converts query tile m of (b, h), block j's place in [B*H,
+  // tiles]; a varlen batch's sequence (looked up per task) gives the
+  // accumulator block and the rows, a dense batch's block is the place.
   const auto block_of = [&](int64_t task) {
     return dq_convert_block(blockIdx.x + task * gridDim.x, tiles, bh_count);
   };
+  const auto sequence_at = [&](int64_t block) {
+    return backward_sequence<kVarlen>(c, int(block / tiles / c.H));
+  };
+  const auto accum_block = [&](int64_t block) -> int64_t {
+    if constexpr (kVarlen) {
+      const int64_t bh = block / tiles;
+      const fused::Sequence seq = sequence_at(block);
+      return (workspace_row<true>(c, int(bh / c.H), int(bh % c.H), seq.ws_row0) +
+              (block % tiles) * kBM) /
+             kBM;
+    } else {
+      return block;
+    }
+  };
   // Key tiles that add into `block` (0: nothing to wait for; padding
-  // query tiles past Tq count as none).
+  // query tiles past the sequence's tq count as none).
   const auto adders = [&](int64_t block) {
     const int m0 = int(block % tiles) * kBM;
-    if (m0 >= c.mask.tq) return 0;
-    const fused::BlockRange keys = mask.key_blocks(m0, min(kBM, c.mask.tq - m0), Tile::kBlockN);
-    return max(0, keys.last - keys.first + 1);
+    if constexpr (kVarlen) {
+      const fused::Sequence seq = sequence_at(block);
+      if (m0 >= seq.mask.tq) return 0;
+      const fused::MaskPolicy seq_mask(seq.mask);
+      const fused::BlockRange keys =
+          seq_mask.key_blocks(m0, min(kBM, seq.mask.tq - m0), Tile::kBlockN);
+      return max(0, keys.last - keys.first + 1);
+    } else {
+      if (m0 >= c.mask.tq) return 0;
+      const fused::BlockRange keys = mask.key_blocks(m0, min(kBM, c.mask.tq - m0), Tile::kBlockN);
+      return max(0, keys.last - keys.first + 1);
+    }
   };
 
   for (int q = tid; q < chunks; q += kDqConvertThreads) {
@@ -107,7 +134,7 @@ __global__ void __launch_bounds__(kDqConvertThreads)
       if ((waiting >> lane) & 1u) {
         const int64_t block = block_of(int64_t(q) * kDqConvertChunk + lane);
         const int n = adders(block);
-        done = n == 0 || ptx::ld_acquire_gpu(p.dq_semaphores + block) == n;
+        done = n == 0 || ptx::ld_acquire_gpu(p.dq_semaphores + accum_block(block)) == n;
       }
       const uint32_t ready = __ballot_sync(0xffffffffu, done);
       if (lane == 0) {
@@ -120,12 +147,14 @@ __global__ void __launch_bounds__(kDqConvertThreads)
     for (uint32_t bits = ready; bits != 0; bits &= bits - 1) {
       const int64_t block = block_of(int64_t(q) * kDqConvertChunk + __ffs(bits) - 1);
       const int m0 = int(block % tiles) * kBM;
-      if (m0 >= c.mask.tq) continue;  // a padding tile: no row to write
+      const fused::Sequence seq = sequence_at(block);  // dense: the batch's
+      if (m0 >= seq.mask.tq) continue;                 // a padding tile: no row to write
       const int64_t bh = block / tiles;
       const int64_t b = bh / c.H, h = bh % c.H;
-      const int rows = min(kBM, c.mask.tq - m0);
+      const int rows = min(kBM, seq.mask.tq - m0);
+      const int64_t row0 = kVarlen ? int64_t(seq.q_row0) + m0 : int64_t(m0);  // packed row
       Elem* out = static_cast<Elem*>(c.dq) + b * c.dq_stride.batch + h * c.dq_stride.head +
-                  int64_t(m0) * c.dq_stride.row;
+                  row0 * c.dq_stride.row;
       // Query tiles no key tile visits were never written: their dq is 0
       // (the accumulator is not read, it holds stale data).
       if (adders(block) == 0) {
@@ -134,7 +163,8 @@ __global__ void __launch_bounds__(kDqConvertThreads)
                                        2 * (o % kPairsPerRow)) = fused::pack2<Elem>(0.0f, 0.0f);
         continue;
       }
-      const float4* src = reinterpret_cast<const float4*>(p.dq_accum) + block * kPerBlock;
+      const float4* src =
+          reinterpret_cast<const float4*>(p.dq_accum) + accum_block(block) * kPerBlock;
 #pragma unroll
       for (int k = 0; k < kPerBlock / kDqConvertThreads; ++k) {
         const int f = k * kDqConvertThreads + tid;

@@ -38,9 +38,11 @@
 
 #include "cuda/fused/fragment.cuh"
 #include "cuda/fused/mask.cuh"
+#include "cuda/fused/sequence.hpp"
 #include "cuda/hopper/backward/common.cuh"
 #include "cuda/hopper/backward/epilogue.cuh"
 #include "cuda/hopper/backward/params.hpp"
+#include "cuda/hopper/backward/sequence.cuh"
 #include "cuda/hopper/ptx/mbarrier.cuh"
 #include "cuda/hopper/ptx/tma.cuh"
 #include "cuda/hopper/ptx/warpgroup.cuh"
@@ -53,17 +55,29 @@ namespace gqattn::hopper::bwd {
 struct DqWork {
   int m0;  // first query row of the tile
   int b, h, hk;
+  // Sequence b's rows (fused::Sequence; dense: 0, 0, unused): TMA row
+  // coordinates q_row0 + m0 and k_row0 + n0, workspace rows from ws_row0.
+  int q_row0, k_row0, ws_row0;
   fused::BlockRange keys;  // walked from keys.last down to keys.first
 };
 
+// Longest (last) query tiles first; grouped by pairs measured no faster
+// (docs/decisions/hopper-backward-dkdv-grid-groups.md).
+__device__ __forceinline__ TileId dq_tile(const fused::BackwardParams& p) {
+  const int num_m = int(gridDim.x) / (p.B * p.H);
+  return tile_id(TileOrderArgs{p.B, p.H, p.Hkv, num_m, 0}, int(blockIdx.x));
+}
+
+// `seq` is backward_sequence(p, id.b) and `mask` its MaskPolicy: a
+// query tile at or past the sequence's tq visits no key tile.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ DqWork dq_work(const fused::BackwardParams& p,
+__device__ __forceinline__ DqWork dq_work(const fused::BackwardParams& p, const TileId& id,
+                                          const fused::Sequence& seq,
                                           const fused::MaskPolicy& mask) {
   DqWork w;
-  const int num_m = int(gridDim.x) / (p.B * p.H);
-  // Longest (last) query tiles first; grouped by pairs measured no faster
-  // (docs/decisions/hopper-backward-dkdv-grid-groups.md).
-  const TileId id = tile_id(TileOrderArgs{p.B, p.H, p.Hkv, num_m, 0}, int(blockIdx.x));
+  w.q_row0 = seq.q_row0;
+  w.k_row0 = seq.k_row0;
+  w.ws_row0 = seq.ws_row0;
   w.b = id.b;
   w.h = id.h;
   w.hk = w.h / (p.H / p.Hkv);
@@ -86,15 +100,16 @@ __device__ __forceinline__ void dq_produce(const BackwardParams& p, const DqWork
   ptx::tma_prefetch(&p.do_map);
 
   ptx::mbar_arrive_expect_tx(smem + L::kQFull, 2 * L::kQBytes);
-  load_rows<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, w.m0, w.h, w.b);
-  load_rows<kD, Tile::kBlockM>(smem + L::kDo, &p.do_map, smem + L::kQFull, w.m0, w.h, w.b);
+  load_rows<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, w.q_row0 + w.m0, w.h, w.b);
+  load_rows<kD, Tile::kBlockM>(smem + L::kDo, &p.do_map, smem + L::kQFull, w.q_row0 + w.m0, w.h,
+                               w.b);
 
   int it = 0;
   for (int n_block = w.keys.last; n_block >= w.keys.first; --n_block, ++it) {
     const int stage = it % Tile::kStages;
     const uint32_t parity = uint32_t(it / Tile::kStages) & 1u;
     const uint32_t full = smem + L::kFull + uint32_t(stage) * L::kBarrierBytes;
-    const int n0 = n_block * kBN;
+    const int n0 = w.k_row0 + n_block * kBN;  // packed row
     ptx::mbar_wait(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes, parity ^ 1u);
     ptx::mbar_arrive_expect_tx(full, 2 * L::kKVBytes);
     constexpr int kBox = kv_box_rows(kD);
@@ -107,7 +122,7 @@ __device__ __forceinline__ void dq_produce(const BackwardParams& p, const DqWork
 
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): query rows
 // [m0 + 64 wg, m0 + 64 wg + 64), all d columns.
-template <int kD, typename Elem, bool kSoftcap>
+template <int kD, typename Elem, bool kSoftcap, bool kVarlen>
 __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork& w,
                                            const fused::MaskPolicy& mask, uint32_t smem, int wg) {
   using Tile = DqTile<kD>;
@@ -132,9 +147,15 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   const uint32_t do_wg = smem + L::kDo + wg_rows;
   const fused::BackwardParams& c = p.c;
 
-  // lse2 and D of this thread's rows g and g + 8: inside the workspace row
-  // (tq_padded is a multiple of kBM); +inf and 0 past Tq.
-  const int64_t ws = (int64_t(w.b) * c.H + w.h) * c.tq_padded + warp_row0 + fused::frag_row(lane);
+  // lse2 and D of this thread's rows g and g + 8: inside the workspace
+  // block (its rows are a multiple of kBM); +inf and 0 past the sequence's
+  // tq.
+  int64_t ws = workspace_row<kVarlen>(c, w.b, w.h, w.ws_row0) + warp_row0 + fused::frag_row(lane);
+  if constexpr (kVarlen) {
+    // A query tile past its sequence's tq visits no key and stores nothing,
+    // but its rows may lie past the workspace's end: read the first rows.
+    if (w.keys.last < w.keys.first) ws = int64_t(warp_row0 - w.m0) + fused::frag_row(lane);
+  }
   const float lse2[2] = {c.lse2[ws], c.lse2[ws + fused::kFragRowHalf]};
   const float dsum[2] = {c.dsum[ws], c.dsum[ws + fused::kFragRowHalf]};
 
@@ -204,11 +225,12 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     }
     return;
   }
-  Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head;
+  Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head +
+                 int64_t(w.q_row0) * c.dq_stride.row;
   store_rows<kD, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, p.dkdq_scale);
 }
 
-template <int kD, typename Elem, bool kSoftcap>
+template <int kD, typename Elem, bool kSoftcap, bool kVarlen>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
 #ifdef GQATTN_HOPPER_BWD_DEVICE_CODE
@@ -229,8 +251,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   __syncthreads();
 
-  const fused::MaskPolicy mask(p.c.mask);
-  const DqWork w = dq_work<Tile::kBlockM, Tile::kBlockN>(p.c, mask);
+  // One sequence lookup per CTA; producer and consumers share it.
+  // A dense batch's mask first, as before varlen (the same code).
+  const fused::MaskPolicy batch_mask(p.c.mask);
+  const TileId id = dq_tile(p.c);
+  const fused::Sequence seq = backward_sequence<kVarlen>(p.c, id.b);
+  const fused::MaskPolicy mask = kVarlen ? fused::MaskPolicy(seq.mask) : batch_mask;
+  const DqWork w = dq_work<Tile::kBlockM, Tile::kBlockN>(p.c, id, seq, mask);
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kBwdProducerRegisters>();
@@ -238,7 +265,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     return;
   }
   ptx::setmaxnreg_inc<kBwdConsumerRegisters>();
-  dq_consume<kD, Elem, kSoftcap>(p, w, mask, smem, warpgroup - 1);
+  dq_consume<kD, Elem, kSoftcap, kVarlen>(p, w, mask, smem, warpgroup - 1);
 #else
   (void)p;
   __trap();  // no sm_90a code in this pass: never launched (see why_not)

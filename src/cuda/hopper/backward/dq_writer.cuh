@@ -41,7 +41,7 @@ namespace gqattn::hopper::bwd {
 // same order on every run: dq is bitwise reproducible. (Unordered adds
 // into a zeroed accumulator measured slower: the adds of all key tiles to
 // one block then arrive together.)
-template <int kD>
+template <int kD, bool kVarlen>
 __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const DkdvWork& w,
                                               const fused::MaskPolicy& mask, uint32_t smem,
                                               int writer) {
@@ -55,7 +55,11 @@ __device__ __forceinline__ void dkdv_write_dq(const BackwardParams& p, const Dkd
   const uint32_t empty = smem + L::kDqEmpty + buffer * L::kBarrierBytes;
   for (int t = writer; t < w.steps; t += kDqWriters) {
     const int m0 = w.m0(t, kBM);
-    const int64_t block = dq_accum_block(w.b, w.head(t), m0 / kBM, p.c.H, p.c.tq_padded, kBM);
+    // Varlen: the sequence's workspace block starts at a multiple of kBM
+    // rows (dense, the same as dq_accum_block).
+    const int64_t block = kVarlen
+                              ? (workspace_row<true>(p.c, w.b, w.head(t), w.ws_row0) + m0) / kBM
+                              : dq_accum_block(w.b, w.head(t), m0 / kBM, p.c.H, p.c.tq_padded, kBM);
     float* dst = p.dq_accum + block * (int64_t(kBM) * kD);
     int* sem = p.dq_semaphores + block;
     ptx::mbar_wait(full, uint32_t((t / kDqWriters) & 1));

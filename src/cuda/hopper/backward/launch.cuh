@@ -25,11 +25,11 @@
 
 namespace gqattn::hopper::bwd {
 
-template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq, bool kVarlen>
 void launch_dkdv(const BackwardParams& p, cudaStream_t stream) {
   constexpr int kSmem = int(DkdvSmem<kD, kFusedDq>::kAllocBytes);
   const int blocks = int(dkdv_blocks(p.c.B, p.c.Hkv, p.c.mask.tk, kD));
-  auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, kFusedDq>;
+  auto kernel = backward_dkdv_kernel<kD, Elem, kSoftcap, kFusedDq, kVarlen>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
@@ -39,11 +39,13 @@ void launch_dkdv(const BackwardParams& p, cudaStream_t stream) {
 // Fused dQ: zero the semaphores (the accumulator needs no zeroing: the
 // first key tile of a query tile stores), the dK/dV kernel that adds into
 // it, then dq = scale * accumulator.
-template <int kD, typename Elem, bool kSoftcap>
+template <int kD, typename Elem, bool kSoftcap, bool kVarlen>
 void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
-  GQATTN_CUDA_CHECK(cudaMemsetAsync(
-      p.dq_semaphores, 0, fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded) * sizeof(int), stream));
-  launch_dkdv<kD, Elem, kSoftcap, true>(p, stream);
+  const std::size_t semaphores = p.c.seq.varlen()
+                                     ? fused_dq_varlen_semaphores(p.c.H, p.c.varlen_head_rows)
+                                     : fused_dq_semaphores(p.c.B, p.c.H, p.c.tq_padded);
+  GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_semaphores, 0, semaphores * sizeof(int), stream));
+  launch_dkdv<kD, Elem, kSoftcap, true, kVarlen>(p, stream);
   const int blocks = int(dq_convert_blocks(p.c.B, p.c.H, p.c.tq_padded));
   // A programmatic dependent launch: scheduled
   // once every dK/dV CTA has started (backward_dkdv_kernel), so it can use
@@ -51,12 +53,13 @@ void launch_dkdv_fused_dq(const BackwardParams& p, cudaStream_t stream) {
   // since its CTAs wait for their blocks and hold their SMs while they do.
   const int ctas =
       std::min(blocks, kDqConvertCtasPerSm * cuda::current_device_properties().multiprocessors);
-  launch_dependent(backward_dq_convert_kernel<kD, Elem>, unsigned(ctas), kDqConvertThreads,
+  launch_dependent(backward_dq_convert_kernel<kD, Elem, kVarlen>, unsigned(ctas), kDqConvertThreads,
                    dq_convert_pending_bytes(blocks, ctas), stream, /*overlap=*/true, p);
   cuda::check_launch("cuda-hopper backward_dq_convert_kernel");
 }
 
-template <int kD, typename Elem, bool kSoftcap>
+// kVarlen: the kernels of varlen batches (sequence.cuh).
+template <int kD, typename Elem, bool kSoftcap, bool kVarlen>
 void launch_backward_typed(const BackwardPlan& plan, const BackwardParams& p, cudaStream_t stream) {
   static_assert(fused::kWorkspaceRowAlign % DqTile<kD>::kBlockM == 0 &&
                     fused::kWorkspaceRowAlign % DkdvTile<kD>::kBlockM == 0,
@@ -70,18 +73,27 @@ void launch_backward_typed(const BackwardPlan& plan, const BackwardParams& p, cu
   }
   if constexpr (DkdvTile<kD>::kFusedDqSupported) {
     if (plan.fused_dq) {
-      launch_dkdv_fused_dq<kD, Elem, kSoftcap>(p, stream);
+      launch_dkdv_fused_dq<kD, Elem, kSoftcap, kVarlen>(p, stream);
       return;
     }
   }
-  launch_dkdv<kD, Elem, kSoftcap, false>(p, stream);
+  launch_dkdv<kD, Elem, kSoftcap, false, kVarlen>(p, stream);
   constexpr int kSmem = int(DqSmem<kD>::kAllocBytes);
   const int blocks = int(dq_blocks(p.c.B, p.c.H, p.c.mask.tq, kD));
-  auto kernel = backward_dq_kernel<kD, Elem, kSoftcap>;
+  auto kernel = backward_dq_kernel<kD, Elem, kSoftcap, kVarlen>;
   GQATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   kernel<<<blocks, kBwdThreads, kSmem, stream>>>(p);
   cuda::check_launch("cuda-hopper backward_dq_kernel");
+}
+
+template <int kD, typename Elem, bool kSoftcap>
+void launch_backward_dense_or_varlen(const BackwardPlan& plan, const BackwardParams& p,
+                                     cudaStream_t stream) {
+  if (p.c.seq.varlen())
+    launch_backward_typed<kD, Elem, kSoftcap, true>(plan, p, stream);
+  else
+    launch_backward_typed<kD, Elem, kSoftcap, false>(plan, p, stream);
 }
 
 template <int kD>
@@ -89,14 +101,14 @@ void launch_backward(const BackwardPlan& plan, const BackwardParams& p, void* st
   const auto s = static_cast<cudaStream_t>(stream);
   if (plan.elem == ElemType::bf16) {
     if (plan.softcap)
-      launch_backward_typed<kD, __nv_bfloat16, true>(plan, p, s);
+      launch_backward_dense_or_varlen<kD, __nv_bfloat16, true>(plan, p, s);
     else
-      launch_backward_typed<kD, __nv_bfloat16, false>(plan, p, s);
+      launch_backward_dense_or_varlen<kD, __nv_bfloat16, false>(plan, p, s);
   } else {
     if (plan.softcap)
-      launch_backward_typed<kD, __half, true>(plan, p, s);
+      launch_backward_dense_or_varlen<kD, __half, true>(plan, p, s);
     else
-      launch_backward_typed<kD, __half, false>(plan, p, s);
+      launch_backward_dense_or_varlen<kD, __half, false>(plan, p, s);
   }
 }
 

@@ -242,6 +242,11 @@ constexpr std::size_t fused_dq_semaphores(int64_t B, int64_t H, int64_t tq_padde
   return std::size_t(B * H * (tq_padded / DkdvTile<128>::kBlockM));
 }
 static_assert(DkdvTile<64>::kBlockM == DkdvTile<128>::kBlockM, "one query tile for d 64, 128");
+// A varlen batch's: its workspace rows per head are head_rows
+// (fused::varlen_workspace_rows), whole query tiles.
+constexpr std::size_t fused_dq_varlen_semaphores(int64_t H, int64_t head_rows) {
+  return std::size_t(H * (head_rows / DkdvTile<128>::kBlockM));
+}
 
 // The fused dQ's conversion kernel: one CTA per accumulator block (b, h,
 // query tile).
