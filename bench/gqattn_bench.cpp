@@ -10,11 +10,21 @@
 // on a private stream; the median is reported.
 //
 //   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
+//                [--varlen LENS,H,Hkv,d,causal,window,softcap]...
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
 //                [--no-backward] [--nondeterministic] [--release-workspace]
 //                [--idle-ms N] [--settle-ms N] [--spin-ahead-us N] [--back-to-back]
 //                [--call-times] [--force SPEC]
 //
+// --varlen times a packed variable-length batch (docs/semantics.md,
+// "Variable-length batches"): LENS is the sequences' lengths separated by
+// '/', each either one length (Tq_b = Tk_b) or Tq_b:Tk_b, e.g.
+// "4096/128/8192" or "1:4096/16:4096". The offsets live on the device and
+// the calls pass Options::check_offsets = false, as a training step under
+// torch.compile or a CUDA graph does (no host read per call). Its line
+// gives "varlen": true, the lengths ("seqlens_q", "seqlens_k"), B as the
+// number of sequences, Tq and Tk as the longest ones, and "kept_pairs"
+// summed over the sequences (FLOPs 4 * d * H * that).
 // Each line gives the plan the backend runs for the shape, as
 // gqattn::explain describes it, in "fwd_plan" and "bwd_plan".
 // --force SPEC forces a fused backend's plan for every call
@@ -144,6 +154,12 @@ std::vector<gqattn::Problem> standard_shapes() {
   };
 }
 
+// A problem to time: dense, or a varlen batch with its sequences' lengths.
+struct Case {
+  gqattn::Problem p;
+  std::vector<int32_t> lens_q, lens_k;  // varlen only
+};
+
 gqattn::Problem parse_shape(const std::string& text) {
   std::vector<double> v;
   std::stringstream ss(text);
@@ -156,6 +172,62 @@ gqattn::Problem parse_shape(const std::string& text) {
   return gqattn::make_problem(int64_t(v[0]), int64_t(v[1]), int64_t(v[2]), int64_t(v[3]),
                               int64_t(v[4]), int64_t(v[5]), v[6] != 0.0, int64_t(v[7]),
                               float(v[8]));
+}
+
+// --varlen LENS,H,Hkv,d,causal,window,softcap (LENS: "a/b:c/...").
+Case parse_varlen(const std::string& text) {
+  const auto fail = [] {
+    std::fprintf(stderr,
+                 "gqattn_bench: --varlen wants LENS,H,Hkv,d,causal,window,softcap with LENS "
+                 "lengths separated by '/', each N or Nq:Nk (N >= 0)\n");
+    std::exit(2);
+  };
+  const std::size_t comma = text.find(',');
+  if (comma == std::string::npos) fail();
+  Case c;
+  std::stringstream lens(text.substr(0, comma));
+  std::string item;
+  while (std::getline(lens, item, '/')) {
+    const std::size_t colon = item.find(':');
+    const long q = std::atol(item.substr(0, colon).c_str());
+    const long k = colon == std::string::npos ? q : std::atol(item.substr(colon + 1).c_str());
+    if (item.empty() || q < 0 || k < 0) fail();
+    c.lens_q.push_back(int32_t(q));
+    c.lens_k.push_back(int32_t(k));
+  }
+  if (c.lens_q.empty()) fail();
+  std::vector<double> v;
+  std::stringstream rest(text.substr(comma + 1));
+  while (std::getline(rest, item, ',')) v.push_back(std::atof(item.c_str()));
+  if (v.size() != 6) fail();
+  const int64_t max_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
+  const int64_t max_k = *std::max_element(c.lens_k.begin(), c.lens_k.end());
+  c.p = gqattn::make_problem(int64_t(c.lens_q.size()), std::max<int64_t>(max_q, 1),
+                             std::max<int64_t>(max_k, 1), int64_t(v[0]), int64_t(v[1]),
+                             int64_t(v[2]), v[3] != 0.0, int64_t(v[4]), float(v[5]));
+  c.p.varlen = true;
+  return c;
+}
+
+// (query, key) pairs kept in one head, over the whole batch.
+double batch_kept_pairs(const Case& c) {
+  if (!c.p.varlen) return double(c.p.B) * double(c.p.kept_pairs());
+  double pairs = 0.0;
+  for (std::size_t b = 0; b < c.lens_q.size(); ++b) {
+    gqattn::Problem one = c.p;
+    one.varlen = false;
+    one.B = 1;
+    one.Tq = c.lens_q[b];
+    one.Tk = c.lens_k[b];
+    pairs += double(one.kept_pairs());
+  }
+  return pairs;
+}
+
+std::vector<int32_t> prefix_sums(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> cu(1, 0);
+  for (const int32_t n : lens) cu.push_back(cu.back() + n);
+  return cu;
 }
 
 struct DeviceTensor {
@@ -214,12 +286,15 @@ void append_text(std::string& out, const char* key, std::string text) {
   out += std::string(", \"") + key + "\": \"" + text + "\"";
 }
 
-void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
+void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
                const gqattn_bench::EnergyCounter& energy) {
+  const gqattn::Problem& p = c.p;
   // Every call of this shape (and explain's plans) under --force.
   const gqattn::detail::ScopedPlanOverride force(s.force);
-  const double pairs = double(p.kept_pairs());  // exact, docs/semantics.md
-  const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * double(p.B) * pairs;
+  // Exact (docs/semantics.md): per (batch, head) for a dense problem, over
+  // the whole batch for a varlen one.
+  const double pairs = p.varlen ? batch_kept_pairs(c) : double(p.kept_pairs());
+  const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * batch_kept_pairs(c);
   std::string line;
   append(line,
          "{\"backend\": \"%s\", \"deterministic\": %s, \"release_workspace\": %s, "
@@ -233,11 +308,24 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
          gqattn::dtype_name(s.dtype), (long long)p.B, (long long)p.Tq, (long long)p.Tk,
          (long long)p.H, (long long)p.Hkv, (long long)p.d, int(p.causal), (long long)p.window,
          double(p.softcap), pairs);
+  const std::vector<int32_t> cu_q = prefix_sums(c.lens_q), cu_k = prefix_sums(c.lens_k);
+  const int64_t rows_q = p.varlen ? cu_q.back() : p.B * p.Tq;
+  const int64_t rows_k = p.varlen ? cu_k.back() : p.B * p.Tk;
+  if (p.varlen) {
+    const auto append_list = [&](const char* key, const std::vector<int32_t>& lens) {
+      append(line, ", \"%s\": [", key);
+      for (std::size_t b = 0; b < lens.size(); ++b) append(line, "%s%d", b ? ", " : "", lens[b]);
+      append(line, "]");
+    };
+    append(line, ", \"varlen\": true");
+    append_list("seqlens_q", c.lens_q);
+    append_list("seqlens_k", c.lens_k);
+  }
 
   const std::size_t elem = gqattn::dtype_size(s.dtype);
-  const std::size_t q_elems = std::size_t(p.B * p.Tq * p.H * p.d);
-  const std::size_t kv_elems = std::size_t(p.B * p.Tk * p.Hkv * p.d);
-  const std::size_t lse_bytes = std::size_t(p.B * p.H * p.Tq) * sizeof(float);
+  const std::size_t q_elems = std::size_t(rows_q * p.H * p.d);
+  const std::size_t kv_elems = std::size_t(rows_k * p.Hkv * p.d);
+  const std::size_t lse_bytes = std::size_t(p.H * rows_q) * sizeof(float);
   const std::size_t set_bytes =
       (4 * q_elems + 2 * kv_elems) * elem + lse_bytes + (q_elems + 2 * kv_elems) * elem;
   const int sets =
@@ -266,30 +354,59 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
           "upload do");
   }
 
+  const auto cuda = gqattn::Device::cuda;
   auto ref_q = [&](void* data) {
-    return gqattn::contiguous(data, s.dtype, gqattn::Device::cuda, p.B, p.Tq, p.H, p.d);
+    return p.varlen ? gqattn::contiguous(data, s.dtype, cuda, rows_q, p.H, p.d)
+                    : gqattn::contiguous(data, s.dtype, cuda, p.B, p.Tq, p.H, p.d);
   };
   auto ref_kv = [&](void* data) {
-    return gqattn::contiguous(data, s.dtype, gqattn::Device::cuda, p.B, p.Tk, p.Hkv, p.d);
+    return p.varlen ? gqattn::contiguous(data, s.dtype, cuda, rows_k, p.Hkv, p.d)
+                    : gqattn::contiguous(data, s.dtype, cuda, p.B, p.Tk, p.Hkv, p.d);
   };
   auto ref_lse = [&](void* data) {
-    return gqattn::contiguous(data, gqattn::DType::f32, gqattn::Device::cuda, p.B, p.H, p.Tq);
+    return p.varlen ? gqattn::contiguous(data, gqattn::DType::f32, cuda, p.H, rows_q)
+                    : gqattn::contiguous(data, gqattn::DType::f32, cuda, p.B, p.H, p.Tq);
   };
+  // The varlen offsets, on the device, shared by every set.
+  DeviceTensor cu_q_dev, cu_k_dev;
+  gqattn::VarlenOffsets offsets;
+  if (p.varlen) {
+    cu_q_dev = device_alloc(cu_q.size() * sizeof(int32_t));
+    cu_k_dev = device_alloc(cu_k.size() * sizeof(int32_t));
+    check(cudaMemcpy(cu_q_dev.data, cu_q.data(), cu_q_dev.bytes, cudaMemcpyHostToDevice),
+          "upload cu_seqlens_q");
+    check(cudaMemcpy(cu_k_dev.data, cu_k.data(), cu_k_dev.bytes, cudaMemcpyHostToDevice),
+          "upload cu_seqlens_k");
+    offsets.cu_seqlens_q = {static_cast<const int32_t*>(cu_q_dev.data), cuda,
+                            int64_t(cu_q.size())};
+    offsets.cu_seqlens_k = {static_cast<const int32_t*>(cu_k_dev.data), cuda,
+                            int64_t(cu_k.size())};
+  }
   gqattn::Options options;
   options.backend = s.backend;
   options.stream = stream;
   options.deterministic = s.deterministic;
+  options.check_offsets = false;  // --varlen: no host read per call
   const gqattn::Explanation forward_plan =
       gqattn::explain(p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::forward, options);
   if (forward_plan.supported) append_text(line, "fwd_plan", forward_plan.plan);
   auto forward = [&](const Set& x) {
-    gqattn::forward(p, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data), ref_q(x.o.data),
-                    ref_lse(x.lse.data), options);
+    if (p.varlen)
+      gqattn::forward(p, offsets, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data),
+                      ref_q(x.o.data), ref_lse(x.lse.data), options);
+    else
+      gqattn::forward(p, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data), ref_q(x.o.data),
+                      ref_lse(x.lse.data), options);
   };
   auto backward = [&](const Set& x) {
-    gqattn::backward(p, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data), ref_q(x.o.data),
-                     ref_lse(x.lse.data), ref_q(x.dout.data), ref_q(x.dq.data), ref_kv(x.dk.data),
-                     ref_kv(x.dv.data), options);
+    if (p.varlen)
+      gqattn::backward(p, offsets, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data),
+                       ref_q(x.o.data), ref_lse(x.lse.data), ref_q(x.dout.data),
+                       ref_q(x.dq.data), ref_kv(x.dk.data), ref_kv(x.dv.data), options);
+    else
+      gqattn::backward(p, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data), ref_q(x.o.data),
+                       ref_lse(x.lse.data), ref_q(x.dout.data), ref_q(x.dq.data),
+                       ref_kv(x.dk.data), ref_kv(x.dv.data), options);
   };
 
   cudaEvent_t start, stop;
@@ -449,13 +566,15 @@ void run_shape(const gqattn::Problem& p, const Settings& s, cudaStream_t stream,
     for (DeviceTensor* t :
          {&set.q, &set.k, &set.v, &set.o, &set.lse, &set.dout, &set.dq, &set.dk, &set.dv})
       check(cudaFree(t->data), "cudaFree");
+  for (DeviceTensor* t : {&cu_q_dev, &cu_k_dev})
+    if (t->data) check(cudaFree(t->data), "cudaFree");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Settings settings;
-  std::vector<gqattn::Problem> shapes;
+  std::vector<Case> shapes;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -466,9 +585,11 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (arg == "--standard") {
-      for (const auto& p : standard_shapes()) shapes.push_back(p);
+      for (const auto& p : standard_shapes()) shapes.push_back({p, {}, {}});
     } else if (arg == "--shape") {
-      shapes.push_back(parse_shape(value()));
+      shapes.push_back({parse_shape(value()), {}, {}});
+    } else if (arg == "--varlen") {
+      shapes.push_back(parse_varlen(value()));
     } else if (arg == "--dtype") {
       const std::string v = value();
       settings.dtype = v == "f16" ? gqattn::DType::f16 : gqattn::DType::bf16;
@@ -509,7 +630,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
-                   "softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
+                   "softcap]... [--varlen LENS,H,Hkv,d,causal,window,softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
                    "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N] "
                    "[--settle-ms N] [--spin-ahead-us N] [--back-to-back] [--call-times] "
                    "[--force SPEC]\n");
@@ -522,7 +643,8 @@ int main(int argc, char** argv) {
                  "it excludes --idle-ms\n");
     return 2;
   }
-  if (shapes.empty()) shapes = standard_shapes();
+  if (shapes.empty())
+    for (const auto& p : standard_shapes()) shapes.push_back({p, {}, {}});
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   int device = 0;
@@ -530,7 +652,7 @@ int main(int argc, char** argv) {
   char bus_id[kPciBusIdChars] = {};
   check(cudaDeviceGetPCIBusId(bus_id, kPciBusIdChars, device), "PCI bus id");
   const gqattn_bench::EnergyCounter energy(bus_id);
-  for (const auto& p : shapes) run_shape(p, settings, stream, energy);
+  for (const Case& c : shapes) run_shape(c, settings, stream, energy);
   check(cudaStreamDestroy(stream), "stream");
   return 0;
 }

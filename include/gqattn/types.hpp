@@ -36,6 +36,7 @@ struct TensorRef {
 
 // A tensor with default (row-major, packed) strides. For q this is the seed's
 // packed layout [B, T, H*d].
+TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1);
 TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2);
 TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2,
                      int64_t d3);

@@ -56,6 +56,19 @@ int64_t Problem::kept_pairs() const {
   return static_cast<int64_t>(pairs < most ? pairs : most);
 }
 
+TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1) {
+  TensorRef t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = 2;
+  t.shape[0] = d0;
+  t.shape[1] = d1;
+  t.stride[1] = 1;
+  t.stride[0] = d1;
+  return t;
+}
+
 TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2) {
   TensorRef t;
   t.data = data;
