@@ -119,10 +119,11 @@ def oracle_backward(q, k, v, do, *, causal=False, window=0, softcap=0.0, scale=N
 def __getattr__(name):
     # `gqattn.torch` (and the drop-ins `gqattn.flash_attn_interface`, the
     # FlashAttention-3 signature, and `gqattn.hf`, Hugging Face's attention
-    # interface, and `gqattn.distributed`, context parallelism) without
+    # interface, also as `gqattn.transformers`, and `gqattn.distributed`,
+    # context parallelism) without
     # importing them first; torch stays optional and `import gqattn` stays
     # fast for users who never touch it.
-    if name in ("torch", "flash_attn_interface", "hf", "distributed"):
+    if name in ("torch", "flash_attn_interface", "hf", "transformers", "distributed"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

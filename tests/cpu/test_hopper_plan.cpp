@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "api/plan_override.hpp"
+#include "cuda/fused/problem_args.hpp"
 #include "cuda/fused/sequence.hpp"
 #include "cuda/hopper/forward/split_kv.hpp"
 #include "cuda/hopper/plan.hpp"
@@ -52,6 +54,55 @@ TEST(HopperPlan, CausalD128RunsTheDefaultTileInClusters) {
   EXPECT_EQ(plan.cluster_ctas, 2);  // four query heads per kv head: pairs share K/V
   EXPECT_EQ(plan.workspace_bytes, 0u);
   EXPECT_EQ(gqattn::hopper::why_not(plan, kH200), "");
+}
+
+// A head dim between the instantiated ones runs on the next one up, with
+// the kernel's rules (tile, workspace) and the problem's d kept for the
+// stores; explain says so.
+TEST(HopperPlan, PaddedHeadDimsRunTheNextKernel) {
+  for (const auto& [d, kernel] : {std::pair<int, int>{8, 64}, {40, 64}, {80, 128}, {96, 128},
+                                  {136, 256}, {160, 256}, {192, 256}, {256, 256}}) {
+    const Problem p = shape(2, 1000, 1000, 16, 4, d, true);
+    const ForwardPlan fwd = forward(p);
+    EXPECT_EQ(fwd.d, kernel) << d;
+    EXPECT_EQ(fwd.head_dim, d);
+    const ForwardPlan same = forward(shape(2, 1000, 1000, 16, 4, kernel, true));
+    EXPECT_EQ(fwd.tile.block_m, same.tile.block_m) << d;
+    EXPECT_EQ(fwd.tile.block_n, same.tile.block_n) << d;
+    const auto bwd = plan_backward(p, DType::bf16, kH200, kRule);
+    const auto bwd_same =
+        plan_backward(shape(2, 1000, 1000, 16, 4, kernel, true), DType::bf16, kH200, kRule);
+    EXPECT_EQ(bwd.d, kernel);
+    EXPECT_EQ(bwd.head_dim, d);
+    EXPECT_EQ(bwd.fused_dq, bwd_same.fused_dq) << d;
+    EXPECT_EQ(bwd.workspace_bytes, bwd_same.workspace_bytes) << d;
+    const std::string note =
+        "d=" + std::to_string(d) + " on the d=" + std::to_string(kernel) + " kernel";
+    EXPECT_EQ(gqattn::hopper::describe(fwd).find(note) != std::string::npos, d != kernel)
+        << gqattn::hopper::describe(fwd);
+    EXPECT_EQ(gqattn::hopper::describe(bwd).find(note) != std::string::npos, d != kernel);
+  }
+}
+
+TEST(HopperPlan, HeadDimsOutsideThePaddedRuleAreRefusedNamingIt) {
+  using gqattn::fused::HeadDims;
+  using gqattn::fused::why_not_fused_problem;
+  for (const int d : {8, 96, 200, 256})
+    EXPECT_EQ(why_not_fused_problem("cuda-hopper", shape(1, 64, 64, 2, 1, d, true), DType::bf16,
+                                    gqattn::Device::cuda, HeadDims::padded),
+              "")
+        << d;
+  for (const int d : {4, 100, 264, 512}) {
+    const std::string why =
+        why_not_fused_problem("cuda-hopper", shape(1, 64, 64, 2, 1, d, true), DType::bf16,
+                              gqattn::Device::cuda, HeadDims::padded);
+    EXPECT_NE(why.find("d <= 256, a multiple of 8"), std::string::npos) << why;
+    EXPECT_NE(why.find("d=" + std::to_string(d)), std::string::npos) << why;
+  }
+  const std::string flash =
+      why_not_fused_problem("cuda-flash", shape(1, 64, 64, 2, 1, 96, true), DType::bf16,
+                            gqattn::Device::cuda, HeadDims::instantiated);
+  EXPECT_NE(flash.find("d in {64, 128, 256}"), std::string::npos) << flash;
 }
 
 TEST(HopperPlan, NonCausalD128RunsTheWideTile) {

@@ -121,9 +121,13 @@ void run_case(const VarlenHopperCase& c, const char* force) {
   const gqattn::detail::ScopedPlanOverride scope(gqattn::detail::parse_plan_override(force));
   const gqattn::Explanation why =
       gqattn::explain(c.problem, c.dtype, Device::cuda, Backend::CudaHopper);
-  if (!why.supported) GTEST_SKIP() << why.reason;
+  if (!why.supported) {
+    GTEST_SKIP() << why.reason;
+  }
   EXPECT_NE(why.plan.find("varlen"), std::string::npos) << why.plan;
-  if (c.packed) EXPECT_NE(why.plan.find("packed GQA"), std::string::npos) << why.plan;
+  if (c.packed) {
+    EXPECT_NE(why.plan.find("packed GQA"), std::string::npos) << why.plan;
+  }
 
   gqattn::check::Config config;
   config.problem = c.problem;

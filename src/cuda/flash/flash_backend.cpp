@@ -82,7 +82,8 @@ class CudaFlashBackend final : public BackendImpl {
   // The forward: its own grid and shared memory, so a forward runs on a
   // device too small for the backward's kernels.
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
-    const std::string shared = fused::why_not_fused_problem("cuda-flash", p, dtype, device);
+    const std::string shared = fused::why_not_fused_problem("cuda-flash", p, dtype, device,
+                                                                fused::HeadDims::instantiated);
     if (!shared.empty()) return shared;
     const int64_t grid = flash::forward_blocks(int(p.d), p.B, p.H, p.Tq);
     if (grid > kMaxGridX)

@@ -7,6 +7,7 @@
 //             backward (params.hpp)
 // and, for the padding rows i >= Tq, dsum = 0 and lse2 = +inf, so every P of
 // those rows is exactly 0 and whole query tiles load without bounds checks.
+// A padded head dim (p.head_dim < kD) reads only the tensors' columns.
 // A varlen batch: the same over (b, h, i < tq_padded), sequence b's rows
 // (sequence.hpp) going to its workspace block (workspace_row), which has
 // its tq_b rounded up to kWorkspaceRowAlign rows; threads past that write
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
                       q_row * p.do_stride.row + h * p.do_stride.head;
 #pragma unroll
     for (int c = sub; c < kChunks; c += kPreprocessLanesPerRow) {
+      if (c * kElemsPerChunk >= p.head_dim) break;
       const uint4 x = *reinterpret_cast<const uint4*>(o + c * kElemsPerChunk);
       const uint4 y = *reinterpret_cast<const uint4*>(d_o + c * kElemsPerChunk);
       acc += chunk_dot<Elem>(x, y);

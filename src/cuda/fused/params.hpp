@@ -91,6 +91,10 @@ struct BackwardParams {
   int64_t lse_batch_stride = 0;
   int64_t lse_head_stride = 0;
   int B = 0, H = 0, Hkv = 0;
+  // The tensors' head dim: the kernel's own, or less where a backend pads
+  // (problem_args.hpp kernel_head_dim): columns from head_dim on are never
+  // read from or written to the tensors.
+  int head_dim = 0;
   MaskArgs mask;
   ScoreArgs score;
   // Workspace [B*H, tq_padded] f32, written by the preprocessing kernel:

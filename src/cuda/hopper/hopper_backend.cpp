@@ -59,7 +59,8 @@ class CudaHopperBackend final : public BackendImpl {
   Backend id() const override { return Backend::CudaHopper; }
 
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
-    const std::string shared = fused::why_not_fused_problem("cuda-hopper", p, dtype, device);
+    const std::string shared = fused::why_not_fused_problem("cuda-hopper", p, dtype, device,
+                                                                fused::HeadDims::padded);
     if (!shared.empty()) return shared;
     // The grid first (it needs no device), then the device, then what the
     // plan needs of it.
@@ -73,13 +74,11 @@ class CudaHopperBackend final : public BackendImpl {
     return hopper::why_not(hopper::plan_forward(p, dtype, limits, detail::plan_override()), limits);
   }
 
-  // d in {64, 128, 256} (at d = 256 the consumer warpgroups share a tile).
+  // The forward's rules, then the backward plan's (every d the forward takes, padded
+  // to the kernel's as there).
   std::string why_not_backward(const Problem& p, DType dtype, Device device) const override {
     const std::string r = why_not(p, dtype, device);
     if (!r.empty()) return r;
-    if (!hopper::bwd::head_dim_supported(p.d))
-      return "not supported: cuda-hopper backward supports d in {64, 128, 256} (got d=" +
-             std::to_string(p.d) + "); use cuda-flash";
     const cuda::DeviceLimits limits = device_limits();
     return hopper::why_not(hopper::plan_backward(p, dtype, limits, detail::plan_override()),
                            limits);
@@ -151,6 +150,7 @@ class CudaHopperBackend final : public BackendImpl {
     p.B = int(a.problem.B);
     p.H = int(a.problem.H);
     p.Hkv = int(a.problem.Hkv);
+    p.head_dim = plan.head_dim;
     p.seq = fused::sequence_args(a.problem, a.offsets, a.q, a.k);
     p.num_splits = plan.splits;
     // Split-KV partials live in a workspace on the caller's stream (freed
@@ -172,7 +172,7 @@ class CudaHopperBackend final : public BackendImpl {
     const hopper::BackwardPlan plan =
         hopper::plan_backward(a.problem, a.q.dtype, device_limits(), detail::plan_override(),
                               a.problem.varlen ? a.q.shape[1] : -1);
-    const int64_t d = a.problem.d;
+    const int64_t d = plan.d;  // the kernel's (the tensors' may be padded to it)
     hopper::bwd::BackwardParams p;
     p.q_map = hopper::make_tile_map(a.q, hopper::bwd::kBoxRows, "q");
     p.k_map = hopper::make_tile_map(a.k, hopper::bwd::kv_box_rows(d), "k");

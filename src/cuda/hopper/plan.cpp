@@ -48,8 +48,8 @@ static_assert(!multicast_tile<ForwardTile<128>, true>() && !multicast_tile<Forwa
 // The dQ path's rule: the fused dQ where the mean kept keys per query row
 // reach kFusedDqMinKeysPerRow, and always under softcap (its
 // recomputation is the dearer one).
-bool fused_dq_rule(const Problem& p) {
-  if (!bwd::fused_dq_supported(int(p.d))) return false;
+bool fused_dq_rule(const Problem& p, int d) {
+  if (!bwd::fused_dq_supported(d)) return false;
   return p.softcap > 0 || p.kept_pairs() >= kFusedDqMinKeysPerRow * p.Tq;
 }
 
@@ -71,6 +71,14 @@ const char* score_name(fused::ScoreMode mode) {
   return "?";
 }
 
+// "d=96 on the d=128 kernel, " where the head dim is padded; else "".
+template <class Plan>
+std::string padded_note(const Plan& plan) {
+  if (plan.head_dim == plan.d) return "";
+  return "d=" + std::to_string(plan.head_dim) + " on the d=" + std::to_string(plan.d) +
+         " kernel (zero-filled columns), ";
+}
+
 std::string kb(std::size_t bytes) { return std::to_string((bytes + 1023) / 1024) + " KB"; }
 
 std::string why_too_little_smem(const char* pass, int d, std::size_t need,
@@ -86,7 +94,8 @@ std::string why_too_little_smem(const char* pass, int d, std::size_t need,
 ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& device,
                          const detail::PlanOverride& force) {
   ForwardPlan plan;
-  plan.d = int(p.d);
+  plan.d = fused::kernel_head_dim(p.d);
+  plan.head_dim = int(p.d);
   plan.elem = elem_of(dtype);
   const fused::MaskArgs mask = fused::mask_args(p);
   const fused::ScoreArgs score = fused::score_args(p);
@@ -125,11 +134,13 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
 BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& device,
                            const detail::PlanOverride& force, int64_t total_q) {
   BackwardPlan plan;
-  plan.d = int(p.d);
+  plan.d = fused::kernel_head_dim(p.d);
+  plan.head_dim = int(p.d);
+  const int64_t d = plan.d;  // every rule below is the kernel's
   plan.elem = elem_of(dtype);
   plan.softcap = p.softcap > 0;
   switch (force.dq_path) {
-    case detail::DqPath::rule: plan.fused_dq = fused_dq_rule(p); break;
+    case detail::DqPath::rule: plan.fused_dq = fused_dq_rule(p, plan.d); break;
     case detail::DqPath::separate: plan.fused_dq = false; break;
     case detail::DqPath::fused:
       plan.fused_dq = bwd::fused_dq_supported(plan.d);
@@ -146,7 +157,7 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
     plan.dkdv_group_pairs = force.dkdv_group_pairs;
   else if (pairs > 0)
     plan.dkdv_group_pairs = bwd::dkdv_group_pairs(
-        int(pairs), int(bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d) / pairs), device.multiprocessors);
+        int(pairs), int(bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, d) / pairs), device.multiprocessors);
   plan.varlen = p.varlen;
   plan.tq_padded = fused::tq_padded(p.Tq);
   plan.rows = std::size_t(p.B * p.H * plan.tq_padded);
@@ -156,8 +167,8 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
       p.varlen ? fused::varlen_workspace_rows(total_q >= 0 ? total_q : p.B * p.Tq, p.B) : 0;
   if (p.varlen) plan.rows = std::size_t(p.H * head_rows);
   if (plan.fused_dq) {
-    plan.accum_floats = p.varlen ? plan.rows * std::size_t(p.d)
-                                 : bwd::fused_dq_accum_floats(p.B, p.H, plan.tq_padded, p.d);
+    plan.accum_floats = p.varlen ? plan.rows * std::size_t(d)
+                                 : bwd::fused_dq_accum_floats(p.B, p.H, plan.tq_padded, d);
     plan.semaphores = p.varlen ? bwd::fused_dq_varlen_semaphores(p.H, head_rows)
                                : bwd::fused_dq_semaphores(p.B, p.H, plan.tq_padded);
   }
@@ -166,10 +177,10 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
   // Every launch either dQ path may make, so that the verdict does not
   // depend on the path.
   plan.largest_grid = std::max(
-      {bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, p.d), bwd::dq_blocks(p.B, p.H, p.Tq, p.d),
+      {bwd::dkdv_blocks(p.B, p.Hkv, p.Tk, d), bwd::dq_blocks(p.B, p.H, p.Tq, d),
        bwd::ceil_div(p.B * p.H * plan.tq_padded, fused::kPreprocessRowsPerBlock),
        bwd::fused_dq_supported(plan.d) ? bwd::dq_convert_blocks(p.B, p.H, plan.tq_padded) : 0});
-  plan.smem_bytes = bwd::head_dim_supported(p.d) ? bwd::backward_smem_bytes(p.d) : 0;
+  plan.smem_bytes = bwd::head_dim_supported(d) ? bwd::backward_smem_bytes(d) : 0;
   return plan;
 }
 
@@ -193,7 +204,7 @@ std::string why_not(const BackwardPlan& plan, const DeviceLimits& device) {
 }
 
 std::string describe(const ForwardPlan& plan) {
-  std::string out = std::string(plan.varlen ? "varlen " : "") + "forward tile " +
+  std::string out = std::string(plan.varlen ? "varlen " : "") + padded_note(plan) + "forward tile " +
                     std::to_string(plan.tile.block_m) + "x" + std::to_string(plan.tile.block_n) +
                     " (" + shape_name(plan.shape) + ", " + kb(plan.tile.smem_bytes) +
                     " shared), scores " + score_name(plan.score_mode);
@@ -208,7 +219,7 @@ std::string describe(const ForwardPlan& plan) {
 }
 
 std::string describe(const BackwardPlan& plan) {
-  std::string out = std::string(plan.varlen ? "varlen " : "") + "backward dQ " +
+  std::string out = std::string(plan.varlen ? "varlen " : "") + padded_note(plan) + "backward dQ " +
                     (plan.fused_dq ? "fused (ordered adds)" : "separate");
   out += ", dK/dV grid ";
   out += plan.dkdv_group_pairs > 0

@@ -23,7 +23,8 @@ namespace gqattn::hopper {
 using cuda::DeviceLimits;
 
 struct ForwardPlan {
-  int d = 0;
+  int d = 0;         // the kernel's head dim (fused::kernel_head_dim of the problem's)
+  int head_dim = 0;  // the problem's: d, or less where it is padded to d
   fused::ElemType elem = fused::ElemType::bf16;
   fused::ScoreMode score_mode = fused::ScoreMode::plain;
   TileShape shape = TileShape::kDefault;
@@ -46,7 +47,8 @@ struct ForwardPlan {
 };
 
 struct BackwardPlan {
-  int d = 0;
+  int d = 0;         // the kernel's head dim (fused::kernel_head_dim of the problem's)
+  int head_dim = 0;  // the problem's: d, or less where it is padded to d
   fused::ElemType elem = fused::ElemType::bf16;
   bool softcap = false;
   // dK/dV kernel adds dQ into an f32 accumulator in a fixed order (true), or

@@ -91,11 +91,12 @@ __device__ __forceinline__ void load_rows(uint32_t dst, const CUtensorMap* map, 
 
 // Stores a consumer warp's 16 accumulator rows (times `mult`) to `out` +
 // row * row_stride, rows `row0 + g` and `row0 + g + 8`, those < `rows_end`
-// only; two columns per 32-bit store (the output's strides are even and
+// only, and columns < `cols` only (a padded head dim's tensors have fewer
+// than kD); two columns per 32-bit store (the output's strides are even and
 // its data 4-byte aligned: hopper_backend.cpp's why_not_tensor).
 template <int kD, typename Elem>
 __device__ __forceinline__ void store_rows(Elem* out, int64_t row_stride, int row0, int rows_end,
-                                           const float (&acc)[kD / 8][4], float mult) {
+                                           int cols, const float (&acc)[kD / 8][4], float mult) {
   const int lane = int(threadIdx.x) % kWarpSize;
   const int col0 = fused::frag_col(lane);
 #pragma unroll
@@ -105,8 +106,9 @@ __device__ __forceinline__ void store_rows(Elem* out, int64_t row_stride, int ro
     Elem* dst = out + int64_t(row) * row_stride + col0;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
-      *reinterpret_cast<uint32_t*>(dst + i * 8) =
-          fused::pack2<Elem>(acc[i][2 * half] * mult, acc[i][2 * half + 1] * mult);
+      if (i * 8 < cols)
+        *reinterpret_cast<uint32_t*>(dst + i * 8) =
+            fused::pack2<Elem>(acc[i][2 * half] * mult, acc[i][2 * half + 1] * mult);
   }
 }
 

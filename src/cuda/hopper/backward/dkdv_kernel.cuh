@@ -360,8 +360,8 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
                  int64_t(w.k_row0) * c.dk_stride.row;
   Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head +
                  int64_t(w.k_row0) * c.dv_stride.row;
-  store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, dk, p.dkdq_scale);
-  store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, w.k_rows, dv, 1.0f);
+  store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, c.head_dim, dk, p.dkdq_scale);
+  store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, w.k_rows, c.head_dim, dv, 1.0f);
 }
 
 template <int kD, typename Elem, bool kSoftcap, bool kFusedDq, bool kVarlen>

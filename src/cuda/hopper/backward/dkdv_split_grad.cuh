@@ -215,11 +215,11 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
   if (wg == 0) {
     Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head +
                    int64_t(w.k_row0) * c.dv_stride.row;
-    store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, w.k_rows, acc, 1.0f);
+    store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, w.k_rows, c.head_dim, acc, 1.0f);
   } else {
     Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head +
                    int64_t(w.k_row0) * c.dk_stride.row;
-    store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, acc, p.dkdq_scale);
+    store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, c.head_dim, acc, p.dkdq_scale);
   }
 }
 

@@ -159,8 +159,9 @@ __global__ void __launch_bounds__(kDqConvertThreads)
       // (the accumulator is not read, it holds stale data).
       if (adders(block) == 0) {
         for (int o = tid; o < rows * kPairsPerRow; o += kDqConvertThreads)
-          *reinterpret_cast<uint32_t*>(out + int64_t(o / kPairsPerRow) * c.dq_stride.row +
-                                       2 * (o % kPairsPerRow)) = fused::pack2<Elem>(0.0f, 0.0f);
+          if (2 * (o % kPairsPerRow) < c.head_dim)
+            *reinterpret_cast<uint32_t*>(out + int64_t(o / kPairsPerRow) * c.dq_stride.row +
+                                         2 * (o % kPairsPerRow)) = fused::pack2<Elem>(0.0f, 0.0f);
         continue;
       }
       const float4* src =
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(kDqConvertThreads)
       for (int k = 0; k < kBM * kPairsPerRow / kDqConvertThreads; ++k) {
         const int o = k * kDqConvertThreads + tid;
         const int row = o / kPairsPerRow, col = 2 * (o % kPairsPerRow);
-        if (row >= rows) continue;
+        if (row >= rows || col >= c.head_dim) continue;  // past a padded head dim: none
         const float2 v = *reinterpret_cast<const float2*>(&tile[row * kPitch + col]);
         *reinterpret_cast<uint32_t*>(out + int64_t(row) * c.dq_stride.row + col) =
             fused::pack2<Elem>(v.x * scale, v.y * scale);

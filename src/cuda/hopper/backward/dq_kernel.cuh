@@ -227,7 +227,7 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
   }
   Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head +
                  int64_t(w.q_row0) * c.dq_stride.row;
-  store_rows<kD, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, dq, p.dkdq_scale);
+  store_rows<kD, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, c.head_dim, dq, p.dkdq_scale);
 }
 
 template <int kD, typename Elem, bool kSoftcap, bool kVarlen>

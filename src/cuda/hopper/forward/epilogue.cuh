@@ -15,6 +15,8 @@
 //   which it stores; rows past Tq are not written;
 // - plain: 32-bit stores from registers, two columns each; rows past Tq are
 //   not written.
+// A padded head dim (ForwardParams::head_dim < kD): TMA clips the columns
+// past it, the other two paths skip them.
 // Packed GQA (pack_gqa.hpp): row r of the tile is query r >> pack_shift of
 // head tile.h + r % 2^pack_shift; the O map's box then spans those heads and
 // 64 >> pack_shift queries, one warpgroup's rows in the same order.
@@ -111,8 +113,9 @@ __device__ __forceinline__ void store_output_plain(const ForwardParams& p, const
     Elem* o_row = output_row<Elem>(p, tile, at) + col0;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
-      *reinterpret_cast<uint32_t*>(o_row + i * 8) =
-          fused::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
+      if (i * 8 < p.head_dim)
+        *reinterpret_cast<uint32_t*>(o_row + i * 8) =
+            fused::pack2<Elem>(r.o[0][i][2 * half], r.o[0][i][2 * half + 1]);
   }
 }
 
@@ -170,7 +173,8 @@ __device__ __forceinline__ void store_output_by_warp_chunks(const ForwardParams&
                    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                    : "r"(chunk + out_chunk_offset(row, piece))
                    : "memory");
-      if (o_rows[k] != nullptr) *reinterpret_cast<uint4*>(o_rows[k] + c * kOutChunkCols) = v;
+      if (o_rows[k] != nullptr && c * kOutChunkCols + piece * 8 < p.head_dim)
+        *reinterpret_cast<uint4*>(o_rows[k] + c * kOutChunkCols) = v;
     }
     // Every lane has read the chunk before the next one overwrites it.
     __syncwarp();

@@ -42,6 +42,11 @@ struct ForwardParams {
   int64_t lse_batch_stride = 0;
   int64_t lse_head_stride = 0;
   int B = 0, H = 0, Hkv = 0;
+  // The tensors' head dim: the kernel's kD, or less where the problem's d
+  // is padded to it (fused/problem_args.hpp kernel_head_dim): the TMA maps
+  // (built on the tensors) fill the columns past it with zeros on loads
+  // and clip them on stores, the plain stores skip them.
+  int head_dim = 0;
   // Tasks of the grid: work tiles, (query tiles) x B x tile_heads
   // (forward_blocks), times num_splits; the launcher sets it.
   int num_tiles = 0;

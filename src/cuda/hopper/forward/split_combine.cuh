@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(kCombineThreads)
               int64_t(out_row) * p.o_stride.row + lane * kPerLane;
 #pragma unroll
   for (int j = 0; j < kPerLane; j += 2)
-    *reinterpret_cast<uint32_t*>(out + j) = fused::pack2<Elem>(acc[j] * inv, acc[j + 1] * inv);
+    if (lane * kPerLane + j < p.head_dim)  // a padded head dim's columns end there
+      *reinterpret_cast<uint32_t*>(out + j) = fused::pack2<Elem>(acc[j] * inv, acc[j + 1] * inv);
   if (lane == 0 && p.lse != nullptr)
     p.lse[out_b * p.lse_batch_stride + h * p.lse_head_stride + out_row] =
         m != -INFINITY ? m + logf(sum) : -INFINITY;
