@@ -53,14 +53,15 @@ them:
   the position id equals the row's smallest (transformers'
   ``_is_packed_sequence`` and ``prepare_fa_kwargs_from_position_ids``:
   transformers hands the attention function the position ids, not offsets,
-  so they are read here). Whenever position ids arrive without the
-  ``cu_seq_lens`` keywords and ``Tq > 1`` (models pass them for plain
-  batches too), they are read on the host in every layer: one
+  so they are read here). Whenever position ids of one row (B = 1) arrive
+  without the ``cu_seq_lens`` keywords and ``Tq > 1`` (models pass them for
+  plain batches too), they are read on the host in every layer: one
   synchronisation on CUDA, and a graph break under torch.compile, as in
   transformers' FlashAttention path. The ``cu_seq_lens``/``max_length``
-  keywords avoid it (that path compiles with ``fullgraph=True``). Packed rows
-  with B > 1, or with a KV cache (``Tk != Tq``), raise ValueError rather than
-  being attended across.
+  keywords avoid it (that path compiles with ``fullgraph=True``). Batches of
+  B > 1 rows are never read for packing (as there): packed rows come as one
+  row. Packed position ids with a KV cache (``Tk != Tq``) raise ValueError
+  rather than being attended across.
 
 With a packed batch, a 2-D mask must keep every key and a 4-D mask must
 equal the per-sequence (block-diagonal) causal / sliding-window mask gqattn
@@ -205,9 +206,10 @@ def _is_packed(position_ids, B: int, Tq: int) -> bool:
     # Whether position_ids describe packed sequences, as transformers'
     # FlashAttention path reads them (_is_packed_sequence): some row is not
     # one run p0, p0 + 1, ... (reads the values: a host synchronisation).
+    # Only for B = 1, as there: a plain batch of B > 1 rows pays no read.
     if not isinstance(position_ids, Tensor) or position_ids.dim() != 2 or Tq <= 1 \
-            or position_ids.shape[-1] != Tq or position_ids.shape[0] not in (1, B):
-        return False  # absent, a single query (decoding), or a layout this does not read
+            or position_ids.shape[-1] != Tq or B != 1 or position_ids.shape[0] != 1:
+        return False  # absent, a single query (decoding), B > 1, or a layout not read
     first = position_ids.min(dim=-1, keepdim=True).values
     return bool((position_ids != first + torch.arange(Tq, device=position_ids.device)).any())
 
