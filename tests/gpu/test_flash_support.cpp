@@ -38,13 +38,16 @@ Problem small_problem(int64_t d) {
 }
 
 TEST(FlashSupport, RefusesOtherHeadDims) {
-  const gqattn::Explanation e =
-      gqattn::explain(small_problem(80), DType::bf16, Device::cuda, Backend::CudaFlash);
-  EXPECT_FALSE(e.supported);
-  EXPECT_NE(e.reason.find("not supported: cuda-flash supports d in {64, 128, 256} and dtypes "
-                          "bf16/f16 (got d=80)"),
-            std::string::npos)
-      << e.reason;
+  for (const int64_t d : {80, 84, 264}) {
+    const gqattn::Explanation e =
+        gqattn::explain(small_problem(d), DType::bf16, Device::cuda, Backend::CudaFlash);
+    EXPECT_FALSE(e.supported);
+    const std::string want = d % 8 == 0 && d <= 256
+                                 ? "not supported: cuda-flash supports d in {64, 128, 256} (got d="
+                                 : "not supported: cuda-flash supports d <= 256, a multiple of 8, "
+                                   "and dtypes bf16/f16 (got d=";
+    EXPECT_NE(e.reason.find(want + std::to_string(d) + ")"), std::string::npos) << e.reason;
+  }
 }
 
 TEST(FlashSupport, RefusesF32) {

@@ -82,9 +82,14 @@ class CudaFlashBackend final : public BackendImpl {
   // The forward: its own grid and shared memory, so a forward runs on a
   // device too small for the backward's kernels.
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
-    const std::string shared = fused::why_not_fused_problem("cuda-flash", p, dtype, device,
-                                                                fused::HeadDims::instantiated);
+    const std::string shared = fused::why_not_fused_problem("cuda-flash", p, dtype, device);
     if (!shared.empty()) return shared;
+    // Its kernels' head dims only: padding a d between them (as cuda-hopper
+    // does) cost its sm_80 main loops registers and spills, unmeasured
+    // (docs/backends/cuda-flash.md).
+    if (fused::kernel_head_dim(p.d) != p.d)
+      return "not supported: cuda-flash supports d in {64, 128, 256} (got d=" +
+             std::to_string(p.d) + "); cuda-hopper runs it on sm_90 GPUs";
     const int64_t grid = flash::forward_blocks(int(p.d), p.B, p.H, p.Tq);
     if (grid > kMaxGridX)
       return "not supported: cuda-flash needs at most 2^31-1 thread blocks (B*H*Tq too large: " +

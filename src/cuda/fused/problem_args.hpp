@@ -75,35 +75,28 @@ inline ScoreArgs score_args(const Problem& p) {
   return s;
 }
 
-// The head dims the fused kernels are instantiated for.
-inline bool head_dim_supported(int64_t d) { return d == 64 || d == 128 || d == 256; }
-
-// Padded head dims: a backend that pads runs every d <= 256 that is a
-// multiple of 8 on the kernel of kernel_head_dim(d), the next instantiated
-// one, whose loads fill the columns past d with zeros (they add nothing to
-// q.k, and P V gives 0 there) and whose stores skip them
-// (BackwardParams::head_dim, the kernels' ForwardParams::head_dim).
-inline bool padded_head_dim_supported(int64_t d) { return d >= 8 && d <= 256 && d % 8 == 0; }
+// Padded head dims: cuda-hopper runs every d <= 256 that is a multiple of 8
+// on the kernel of kernel_head_dim(d), the next instantiated one, whose
+// loads fill the columns past d with zeros (they add nothing to q.k, and
+// P V gives 0 there) and whose stores skip them (BackwardParams::head_dim,
+// hopper's ForwardParams::head_dim); cuda-flash takes only d ==
+// kernel_head_dim(d).
+inline bool head_dim_supported(int64_t d) { return d >= 8 && d <= 256 && d % 8 == 0; }
 inline int kernel_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
-
-enum class HeadDims { instantiated, padded };
 
 // The rules the fused backends share (device, dtype, head dim, sequence
 // length): "" when `backend` passes them, else the reason.
 inline std::string why_not_fused_problem(const char* backend, const Problem& p, DType dtype,
-                                         Device device, HeadDims dims) {
+                                         Device device) {
   if (device != Device::cuda) return "runs on CUDA devices only (got device cpu)";
   const bool dtype_ok = dtype == DType::bf16 || dtype == DType::f16;
-  const bool d_ok =
-      dims == HeadDims::padded ? padded_head_dim_supported(p.d) : head_dim_supported(p.d);
+  const bool d_ok = head_dim_supported(p.d);
   if (!dtype_ok || !d_ok) {
     std::string got;
     if (!d_ok) got = "d=" + std::to_string(p.d);
     if (!dtype_ok) got += std::string(got.empty() ? "" : ", ") + "dtype " + dtype_name(dtype);
     return std::string("not supported: ") + backend +
-           (dims == HeadDims::padded ? " supports d <= 256, a multiple of 8,"
-                                     : " supports d in {64, 128, 256}") +
-           " and dtypes bf16/f16 (got " + got + ")";
+           " supports d <= 256, a multiple of 8, and dtypes bf16/f16 (got " + got + ")";
   }
   if (p.Tq >= kMaxSequence || p.Tk >= kMaxSequence)
     return std::string("not supported: ") + backend +

@@ -59,8 +59,7 @@ class CudaHopperBackend final : public BackendImpl {
   Backend id() const override { return Backend::CudaHopper; }
 
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
-    const std::string shared = fused::why_not_fused_problem("cuda-hopper", p, dtype, device,
-                                                                fused::HeadDims::padded);
+    const std::string shared = fused::why_not_fused_problem("cuda-hopper", p, dtype, device);
     if (!shared.empty()) return shared;
     // The grid first (it needs no device), then the device, then what the
     // plan needs of it.

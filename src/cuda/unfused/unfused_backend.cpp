@@ -324,13 +324,13 @@ class CudaUnfusedBackend final : public BackendImpl {
     return cuda::why_not_device_pointer(t.data, name);
   }
 
-  // explain()'s plan: Auto takes cuda-unfused for what the fused backends
-  // refuse (f32, d outside {64, 128, 256}), and its memory grows with Tq x Tk.
+  // explain()'s plan: its memory grows with Tq x Tk, and what the fused
+  // backends take instead.
   std::string describe_plan(const Problem& p, DType, Pass pass, const Options&) const override {
     const bool with_d = pass == Pass::backward;
     return std::string(with_d ? "backward" : "forward") + ": unfused, " +
            gib(workspace_bytes(p, with_d)) + " of workspace " + workspace_what(with_d) +
-           " (grows with Tq x Tk); the fused backends take bf16/f16 with d in {64, 128, 256}";
+           " (grows with Tq x Tk); the fused backends take bf16/f16 with d <= 256, a multiple of 8";
   }
 
   void forward(const ForwardArgs& args) const override {
