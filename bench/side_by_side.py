@@ -28,7 +28,8 @@ TFLOP/s over the rounds and the ratio's median with its range over the
 rounds: the same build moves by up to 13% between runs on the H200
 (docs/performance.md), as much as the 1.10x criteria, so one round cannot
 decide them. The JSON keeps every round's records ("results", each with
-its "round") and the medians ("medians"); bench/plot.py draws the rounds' medians with their spread.
+its "round") and the medians ("medians"); bench/plot.py draws the rounds'
+medians with their spread.
 
 Stopped early (SIGTERM, as `timeout` sends, or Ctrl-C), it still prints
 the tables and writes the JSON over what it measured so far, with
