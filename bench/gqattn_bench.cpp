@@ -377,10 +377,8 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
           "upload cu_seqlens_q");
     check(cudaMemcpy(cu_k_dev.data, cu_k.data(), cu_k_dev.bytes, cudaMemcpyHostToDevice),
           "upload cu_seqlens_k");
-    offsets.cu_seqlens_q = {static_cast<const int32_t*>(cu_q_dev.data), cuda,
-                            int64_t(cu_q.size())};
-    offsets.cu_seqlens_k = {static_cast<const int32_t*>(cu_k_dev.data), cuda,
-                            int64_t(cu_k.size())};
+    offsets.cu_seqlens_q = {static_cast<const int32_t*>(cu_q_dev.data), cuda, int64_t(cu_q.size())};
+    offsets.cu_seqlens_k = {static_cast<const int32_t*>(cu_k_dev.data), cuda, int64_t(cu_k.size())};
   }
   gqattn::Options options;
   options.backend = s.backend;
@@ -401,12 +399,12 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
   auto backward = [&](const Set& x) {
     if (p.varlen)
       gqattn::backward(p, offsets, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data),
-                       ref_q(x.o.data), ref_lse(x.lse.data), ref_q(x.dout.data),
-                       ref_q(x.dq.data), ref_kv(x.dk.data), ref_kv(x.dv.data), options);
+                       ref_q(x.o.data), ref_lse(x.lse.data), ref_q(x.dout.data), ref_q(x.dq.data),
+                       ref_kv(x.dk.data), ref_kv(x.dv.data), options);
     else
       gqattn::backward(p, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data), ref_q(x.o.data),
-                       ref_lse(x.lse.data), ref_q(x.dout.data), ref_q(x.dq.data),
-                       ref_kv(x.dk.data), ref_kv(x.dv.data), options);
+                       ref_lse(x.lse.data), ref_q(x.dout.data), ref_q(x.dq.data), ref_kv(x.dk.data),
+                       ref_kv(x.dv.data), options);
   };
 
   cudaEvent_t start, stop;
@@ -630,7 +628,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
-                   "softcap]... [--varlen LENS,H,Hkv,d,causal,window,softcap]... [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
+                   "softcap]... [--varlen LENS,H,Hkv,d,causal,window,softcap]... [--dtype "
+                   "bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
                    "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N] "
                    "[--settle-ms N] [--spin-ahead-us N] [--back-to-back] [--call-times] "
                    "[--force SPEC]\n");

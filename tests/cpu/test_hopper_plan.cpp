@@ -60,8 +60,14 @@ TEST(HopperPlan, CausalD128RunsTheDefaultTileInClusters) {
 // the kernel's rules (tile, workspace) and the problem's d kept for the
 // stores; explain says so.
 TEST(HopperPlan, PaddedHeadDimsRunTheNextKernel) {
-  for (const auto& [d, kernel] : {std::pair<int, int>{8, 64}, {40, 64}, {80, 128}, {96, 128},
-                                  {136, 256}, {160, 256}, {192, 256}, {256, 256}}) {
+  for (const auto& [d, kernel] : {std::pair<int, int>{8, 64},
+                                  {40, 64},
+                                  {80, 128},
+                                  {96, 128},
+                                  {136, 256},
+                                  {160, 256},
+                                  {192, 256},
+                                  {256, 256}}) {
     const Problem p = shape(2, 1000, 1000, 16, 4, d, true);
     const ForwardPlan fwd = forward(p);
     EXPECT_EQ(fwd.d, kernel) << d;
@@ -92,8 +98,8 @@ TEST(HopperPlan, HeadDimsOutsideThePaddedRuleAreRefusedNamingIt) {
               "")
         << d;
   for (const int d : {4, 100, 264, 512}) {
-    const std::string why = why_not_fused_problem(
-        "cuda-hopper", shape(1, 64, 64, 2, 1, d, true), DType::bf16, gqattn::Device::cuda);
+    const std::string why = why_not_fused_problem("cuda-hopper", shape(1, 64, 64, 2, 1, d, true),
+                                                  DType::bf16, gqattn::Device::cuda);
     EXPECT_NE(why.find("d <= 256, a multiple of 8"), std::string::npos) << why;
     EXPECT_NE(why.find("d=" + std::to_string(d)), std::string::npos) << why;
   }

@@ -57,9 +57,7 @@ std::vector<PaddedCase> cases() {
   };
 }
 
-std::string case_name(const ::testing::TestParamInfo<PaddedCase>& info) {
-  return info.param.name;
-}
+std::string case_name(const ::testing::TestParamInfo<PaddedCase>& info) { return info.param.name; }
 
 std::string metrics_of(const gqattn::check::Report& report) {
   std::string out;
@@ -88,8 +86,8 @@ void expect_matches_oracle(const PaddedCase& c, Backend backend, const char* for
     config.problem.Tk = c.problem.Tk;
     config.problem.B = 4;
   }
-  const gqattn::Explanation why = gqattn::explain(config.problem, c.dtype, Device::cuda, backend,
-                                                  gqattn::Pass::backward);
+  const gqattn::Explanation why =
+      gqattn::explain(config.problem, c.dtype, Device::cuda, backend, gqattn::Pass::backward);
   const std::string label = c.name + " " + gqattn::backend_name(backend) + " [" + force + "]";
   if (!why.supported) {
     std::printf("  skipped %s: %s\n", label.c_str(), why.reason.c_str());
@@ -109,8 +107,7 @@ TEST_P(PaddedHeadDim, MatchesTheOracle) {
 }
 TEST_P(PaddedHeadDim, SeparateDqMatchesTheOracle) {
   GQATTN_SKIP_WITHOUT_CUDA();
-  for (const Backend backend : kBackends)
-    expect_matches_oracle(GetParam(), backend, "dq=separate");
+  for (const Backend backend : kBackends) expect_matches_oracle(GetParam(), backend, "dq=separate");
 }
 TEST_P(PaddedHeadDim, VarlenMatchesTheOracle) {
   GQATTN_SKIP_WITHOUT_CUDA();

@@ -204,10 +204,10 @@ std::string why_not(const BackwardPlan& plan, const DeviceLimits& device) {
 }
 
 std::string describe(const ForwardPlan& plan) {
-  std::string out = std::string(plan.varlen ? "varlen " : "") + padded_note(plan) + "forward tile " +
-                    std::to_string(plan.tile.block_m) + "x" + std::to_string(plan.tile.block_n) +
-                    " (" + shape_name(plan.shape) + ", " + kb(plan.tile.smem_bytes) +
-                    " shared), scores " + score_name(plan.score_mode);
+  std::string out = std::string(plan.varlen ? "varlen " : "") + padded_note(plan) +
+                    "forward tile " + std::to_string(plan.tile.block_m) + "x" +
+                    std::to_string(plan.tile.block_n) + " (" + shape_name(plan.shape) + ", " +
+                    kb(plan.tile.smem_bytes) + " shared), scores " + score_name(plan.score_mode);
   if (plan.pack_shift > 0)
     out += ", packed GQA (" + std::to_string(1 << plan.pack_shift) + " heads a tile)";
   out += ", " + std::to_string(plan.work_tiles) + " work tiles";

@@ -219,7 +219,8 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
   } else {
     Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head +
                    int64_t(w.k_row0) * c.dk_stride.row;
-    store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, c.head_dim, acc, p.dkdq_scale);
+    store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, c.head_dim, acc,
+                         p.dkdq_scale);
   }
 }
 
