@@ -114,6 +114,8 @@ TEST_P(PaddedHeadDim, VarlenMatchesTheOracle) {
   for (const Backend backend : kBackends) expect_matches_oracle(GetParam(), backend, "", true);
 }
 
+#ifdef GQATTN_WITH_CUDA  // the device tensors of attention_harness.hpp
+
 // A [B, T, heads, d] device tensor whose rows are d + kGapColumns apart,
 // the gap poisoned (harness: download_values checks it untouched).
 t::DeviceTensor gapped(DType dtype, const t::Shape4& shape) {
@@ -181,6 +183,8 @@ TEST_P(PaddedHeadDim, NeverTouchesColumnsPastD) {
   GQATTN_SKIP_WITHOUT_CUDA();
   for (const Backend backend : kBackends) expect_stays_within_d(GetParam(), backend);
 }
+
+#endif  // GQATTN_WITH_CUDA
 
 INSTANTIATE_TEST_SUITE_P(Cases, PaddedHeadDim, ::testing::ValuesIn(cases()), case_name);
 
