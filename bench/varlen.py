@@ -23,7 +23,7 @@ before it is timed.
 usage: python bench/varlen.py [--bench PATH] [--out DIR] [--repeats N]
                               [--ours cuda-hopper,cuda-flash] [--ours-only]
 Writes DIR/varlen.json. Its host-side logic is checked by
-bench/tests/test_varlen.py; the timing by running it on the GPU machine.
+bench/tests/test_bench_varlen.py; the timing by running it on the GPU machine.
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-// cpu-flash's backward, in three parallel phases, each writing what no
+// cpu-flash's backward, in parallel phases, each task writing what no
 // other task writes (no atomics, no shared accumulators):
 //   stats: one task per (batch, head, query block): each row's max m and
 //          sum l over its kept keys (the forward's online softmax without O);
@@ -7,6 +7,13 @@
 //          m) / l per tile, and accumulates dV += P^T dO, dK += dS^T Q;
 //   dQ:    one task per (batch, head, query block) loops over its key blocks
 //          and accumulates dQ += dS K;
+// or, where the (batch, kv head) pairs alone occupy every worker
+// (fuse_dq), the last two as one: a task per (batch, kv head) walks its
+// key blocks in ascending order and adds dS K into the group's dQ rows
+// right after dK and dV, saving the dQ phase's recomputation of S, P and
+// dS (three of its tile products). Each dQ row gets the same products
+// added in the same order (key blocks ascending) either way, so the two
+// give the same bits.
 // with D = rowsum(dO * O), dS = P * (dO V^T - D) * scale (times 1 - tanh^2
 // under a softcap). Every sum runs in an order fixed by the tile sizes, so
 // the bits are the same for any thread count. Rows without kept keys have
@@ -34,7 +41,17 @@ namespace {
 // [dp][Bk]; score side [bq][Bk] and transposed [Bk][bq].
 struct Scratch {
   std::vector<float> Q, dO, O, acc, K, Kt, V, Vt, dK, dV, S, T, dP, trans, D, m, inv_l;
+  std::vector<float> group_dq;  // fuse_dq: [rep][q_blocks * bq][dp], one group's dQ
 };
+
+// Whether dQ is added by the dK/dV tasks (one per (batch, kv head)): when
+// those are at least as many as the workers, so the fused pass leaves
+// no worker idle.
+bool fuse_dq(const Shape& s, const Plan& p, int threads) {
+  const int64_t pairs = s.B * s.Hkv;
+  return pairs >= cpu::worker_count(std::max(pairs * p.k_blocks, s.B * s.H * p.q_blocks),
+                                    threads);
+}
 
 // Row statistics of the first phase: max m and 1 / sum l per (b, h, i).
 struct RowStats {
@@ -163,12 +180,9 @@ void backward(const detail::BackwardArgs& args) {
     row_stats(args, s, plan, b, h, qb, scratch[static_cast<std::size_t>(worker)], stats);
   });
 
-  // dK, dV: key blocks, the group's heads and query blocks in ascending order.
-  cpu::parallel_for(kv_tasks, threads, [&](int64_t task, int64_t worker) {
-    Scratch& w = scratch[static_cast<std::size_t>(worker)];
-    const int64_t kb = task % plan.k_blocks;
-    const int64_t hkv = (task / plan.k_blocks) % s.Hkv;
-    const int64_t b = task / (plan.k_blocks * s.Hkv);
+  // One key block's dK, dV (and with fused_dq its dQ products): the
+  // group's heads and the query blocks in the band in ascending order.
+  const auto key_block = [&](Scratch& w, int64_t b, int64_t hkv, int64_t kb, bool fused_dq) {
     const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
     load_key_side(args, s, plan, b, hkv, j0, nk, w);
     std::fill(w.dK.begin(), w.dK.end(), 0.0f);
@@ -183,10 +197,38 @@ void backward(const detail::BackwardArgs& args) {
         gemm_nn(kBlockK, dp, bq, w.trans.data(), bq, w.dO.data(), dp, w.dV.data(), dp, true);
         transpose(bq, kBlockK, w.dP.data(), kBlockK, w.trans.data(), bq);
         gemm_nn(kBlockK, dp, bq, w.trans.data(), bq, w.Q.data(), dp, w.dK.data(), dp, true);
+        if (fused_dq) {
+          float* dq = w.group_dq.data() + (g * plan.q_blocks * bq + q0) * dp;
+          gemm_nn(bq, dp, kBlockK, w.dP.data(), kBlockK, w.K.data(), dp, dq, dp, true);
+        }
       }
     }
     store_tile(args.dk, b, hkv, j0, nk, d, w.dK.data(), dp);
     store_tile(args.dv, b, hkv, j0, nk, d, w.dV.data(), dp);
+  };
+
+  if (fuse_dq(s, plan, threads)) {
+    for (Scratch& w : scratch) w.group_dq = cpu::scratch_floats(s.rep * plan.q_blocks * bq * dp);
+    cpu::parallel_for(s.B * s.Hkv, threads, [&](int64_t task, int64_t worker) {
+      Scratch& w = scratch[static_cast<std::size_t>(worker)];
+      const int64_t hkv = task % s.Hkv, b = task / s.Hkv;
+      std::fill(w.group_dq.begin(), w.group_dq.end(), 0.0f);
+      for (int64_t kb = 0; kb < plan.k_blocks; ++kb) key_block(w, b, hkv, kb, true);
+      for (int64_t g = 0; g < s.rep; ++g)
+        for (int64_t qb = 0; qb < plan.q_blocks; ++qb) {
+          const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
+          store_tile(args.dq, b, hkv * s.rep + g, q0, nq, d,
+                     w.group_dq.data() + (g * plan.q_blocks * bq + q0) * dp, dp);
+        }
+    });
+    return;
+  }
+
+  cpu::parallel_for(kv_tasks, threads, [&](int64_t task, int64_t worker) {
+    const int64_t kb = task % plan.k_blocks;
+    const int64_t hkv = (task / plan.k_blocks) % s.Hkv;
+    const int64_t b = task / (plan.k_blocks * s.Hkv);
+    key_block(scratch[static_cast<std::size_t>(worker)], b, hkv, kb, false);
   });
 
   // dQ: one head's query block, its key blocks in ascending order.

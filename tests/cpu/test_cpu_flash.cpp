@@ -154,6 +154,21 @@ TEST(CpuFlash, SameBitsAcrossRunsAndThreadCounts) {
   }
 }
 
+// The backward adds dQ inside the dK/dV tasks when the (batch, kv head)
+// pairs occupy every worker, else in a pass of its own (backward.cpp
+// fuse_dq): one thread takes the first, three the second, with the same
+// bits, over masks whose bands start and end inside blocks.
+TEST(CpuFlash, FusedAndSeparateDqGiveTheSameBits) {
+  for (const Problem& p :
+       {make_problem(1, 150, 130, 4, 1, 48, true, 0, 20.0f),
+        make_problem(1, 200, 260, 3, 1, 32, true, 70), make_problem(1, 90, 90, 2, 1, 16, false, 33),
+        with_q_start(make_problem(1, 70, 150, 2, 1, 32, true), -20)}) {
+    const Inputs in = random_inputs(p, 78);
+    const Outputs fused = run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, 1);
+    expect_same_bits(fused, run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, 3));
+  }
+}
+
 TEST(CpuFlash, AutoPicksItForHostTensors) {
   const Problem p = make_problem(1, 128, 128, 2, 1, 64, true);
   EXPECT_EQ(explain(p, DType::f32, Device::cpu, Backend::Auto).chosen, Backend::CpuFlash);

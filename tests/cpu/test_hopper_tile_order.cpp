@@ -135,7 +135,9 @@ TEST(HopperTileOrder, VarlenQueryTilesHoldEverySequenceRowOnce) {
               if (r >= 0 && r < tq) ++held[size_t(r)], ++rows;
             EXPECT_EQ(t.empty, rows == 0) << block_m << " " << tq << " " << m;
             // A warpgroup's rows are all before row 0 or none are.
-            if (!t.empty && t.m0 < 0) EXPECT_EQ(t.m0 % kWg, 0) << block_m << " " << tq;
+            if (!t.empty && t.m0 < 0) {
+              EXPECT_EQ(t.m0 % kWg, 0) << block_m << " " << tq;
+            }
           }
           for (int r = 0; r < tq; ++r) EXPECT_EQ(held[size_t(r)], 1) << tq << " row " << r;
           // End-aligned: the last tile (dealt first) holds the sequence's last row.
