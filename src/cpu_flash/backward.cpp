@@ -49,8 +49,7 @@ struct Scratch {
 // no worker idle.
 bool fuse_dq(const Shape& s, const Plan& p, int threads) {
   const int64_t pairs = s.B * s.Hkv;
-  return pairs >= cpu::worker_count(std::max(pairs * p.k_blocks, s.B * s.H * p.q_blocks),
-                                    threads);
+  return pairs >= cpu::worker_count(std::max(pairs * p.k_blocks, s.B * s.H * p.q_blocks), threads);
 }
 
 // Row statistics of the first phase: max m and 1 / sum l per (b, h, i).
