@@ -93,9 +93,9 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
   ptx::mbar_arrive_expect_tx(smem + L::kKVFull, 2 * L::kKVBytes);
   constexpr int kBox = kv_box_rows(kD);
   load_rows<kD, Tile::kBlockN, kBox>(smem + L::kK, &p.k_map, smem + L::kKVFull, w.k_row0 + w.n0,
-                                     w.hk, w.b);
+                                     w.hk, w.tb);
   load_rows<kD, Tile::kBlockN, kBox>(smem + L::kV, &p.v_map, smem + L::kKVFull, w.k_row0 + w.n0,
-                                     w.hk, w.b);
+                                     w.hk, w.tb);
 
   for (int t = 0; t < w.steps; ++t) {
     const int stage = t % Tile::kStages;
@@ -106,9 +106,9 @@ __device__ __forceinline__ void dkdv_produce(const BackwardParams& p, const Dkdv
     ptx::mbar_wait(smem + L::kEmpty + uint32_t(stage) * L::kBarrierBytes, parity ^ 1u);
     ptx::mbar_arrive_expect_tx(full, L::kStageTxBytes);
     load_rows<kD, kBM>(smem + L::kQ + uint32_t(stage) * L::kQBytes, &p.q_map, full, w.q_row0 + m0,
-                       h, w.b);
+                       h, w.tb);
     load_rows<kD, kBM>(smem + L::kDo + uint32_t(stage) * L::kQBytes, &p.do_map, full, w.q_row0 + m0,
-                       h, w.b);
+                       h, w.tb);
     // Workspace rows of (b, h), queries m0 .. m0 + kBM - 1: inside the
     // block (its rows are a multiple of 128 >= m0 + kBM) and 256-byte
     // aligned (the block starts at a multiple of 128 rows).
@@ -348,17 +348,17 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     stage_rows<kD, Elem, /*kByStmatrix=*/true>(dv_staging, dv, 1.0f);
     staging_publish();
     if (staged_store_issuer()) {
-      store_staged_tile<kD>(&p.dk_map, dk_staging, wg_key0, 0, w.hk, w.b);
-      store_staged_tile<kD>(&p.dv_map, dv_staging, wg_key0, 0, w.hk, w.b);
+      store_staged_tile<kD>(&p.dk_map, dk_staging, wg_key0, 0, w.hk, w.tb);
+      store_staged_tile<kD>(&p.dv_map, dv_staging, wg_key0, 0, w.hk, w.tb);
       finish_gradient_stores();
     }
     return;
   }
   const fused::BackwardParams& c = p.c;
   // Keys up to k_rows: a varlen sequence's rows past seqused_k get zeros.
-  Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head +
+  Elem* dk_out = static_cast<Elem*>(c.dk) + w.tb * c.dk_stride.batch + w.hk * c.dk_stride.head +
                  int64_t(w.k_row0) * c.dk_stride.row;
-  Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head +
+  Elem* dv_out = static_cast<Elem*>(c.dv) + w.tb * c.dv_stride.batch + w.hk * c.dv_stride.head +
                  int64_t(w.k_row0) * c.dv_stride.row;
   store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, c.head_dim, dk, p.dkdq_scale);
   store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, w.k_rows, c.head_dim, dv, 1.0f);

@@ -205,7 +205,7 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
     stage_rows<kD, Elem, /*kByStmatrix=*/true>(staging, acc, wg == 0 ? 1.0f : p.dkdq_scale);
     staging_publish();
     if (staged_store_issuer()) {
-      store_staged_tile<kD>(wg == 0 ? &p.dv_map : &p.dk_map, staging, w.n0, 0, w.hk, w.b);
+      store_staged_tile<kD>(wg == 0 ? &p.dv_map : &p.dk_map, staging, w.n0, 0, w.hk, w.tb);
       finish_gradient_stores();
     }
     return;
@@ -213,11 +213,11 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
   // Keys up to k_rows: a varlen sequence's rows past seqused_k get zeros.
   const fused::BackwardParams& c = p.c;
   if (wg == 0) {
-    Elem* dv_out = static_cast<Elem*>(c.dv) + w.b * c.dv_stride.batch + w.hk * c.dv_stride.head +
+    Elem* dv_out = static_cast<Elem*>(c.dv) + w.tb * c.dv_stride.batch + w.hk * c.dv_stride.head +
                    int64_t(w.k_row0) * c.dv_stride.row;
     store_rows<kD, Elem>(dv_out, c.dv_stride.row, warp_key0, w.k_rows, c.head_dim, acc, 1.0f);
   } else {
-    Elem* dk_out = static_cast<Elem*>(c.dk) + w.b * c.dk_stride.batch + w.hk * c.dk_stride.head +
+    Elem* dk_out = static_cast<Elem*>(c.dk) + w.tb * c.dk_stride.batch + w.hk * c.dk_stride.head +
                    int64_t(w.k_row0) * c.dk_stride.row;
     store_rows<kD, Elem>(dk_out, c.dk_stride.row, warp_key0, w.k_rows, c.head_dim, acc,
                          p.dkdq_scale);

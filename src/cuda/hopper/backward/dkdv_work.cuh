@@ -18,7 +18,8 @@ namespace gqattn::hopper::bwd {
 struct DkdvWork {
   int n_block;  // key tile index
   int n0;       // first key of the tile
-  int b, hk;    // batch, kv head
+  int b, hk;    // batch (varlen: sequence), kv head
+  int tb;       // the tensors' batch coordinate: b, or 0 for a varlen batch's packed tensors
   // Sequence b's rows (fused::Sequence; dense: 0, 0, unused, Tk): TMA row
   // coordinates q_row0 + m0 and k_row0 + n0, workspace blocks from ws_row0,
   // dK/dV stored for keys < k_rows (zeros past seqused_k).
@@ -59,6 +60,7 @@ __device__ __forceinline__ DkdvWork dkdv_work(const fused::BackwardParams& p, co
   DkdvWork w;
   w.n_block = id.n_block;
   w.b = id.b;
+  w.tb = kVarlen ? 0 : id.b;
   w.hk = id.hk;
   w.q_row0 = seq.q_row0;
   w.k_row0 = seq.k_row0;

@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(kDqConvertThreads)
       const int64_t b = bh / c.H, h = bh % c.H;
       const int rows = min(kBM, seq.mask.tq - m0);
       const int64_t row0 = kVarlen ? int64_t(seq.q_row0) + m0 : int64_t(m0);  // packed row
-      Elem* out = static_cast<Elem*>(c.dq) + b * c.dq_stride.batch + h * c.dq_stride.head +
+      const int64_t tb = kVarlen ? 0 : b;  // varlen: one packed batch
+      Elem* out = static_cast<Elem*>(c.dq) + tb * c.dq_stride.batch + h * c.dq_stride.head +
                   row0 * c.dq_stride.row;
       // Query tiles no key tile visits were never written: their dq is 0
       // (the accumulator is not read, it holds stale data).

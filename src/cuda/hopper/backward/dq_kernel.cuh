@@ -55,6 +55,7 @@ namespace gqattn::hopper::bwd {
 struct DqWork {
   int m0;  // first query row of the tile
   int b, h, hk;
+  int tb;  // the tensors' batch coordinate: b, or 0 for a varlen batch's packed tensors
   // Sequence b's rows (fused::Sequence; dense: 0, 0, unused): TMA row
   // coordinates q_row0 + m0 and k_row0 + n0, workspace rows from ws_row0.
   int q_row0, k_row0, ws_row0;
@@ -70,7 +71,7 @@ __device__ __forceinline__ TileId dq_tile(const fused::BackwardParams& p) {
 
 // `seq` is backward_sequence(p, id.b) and `mask` its MaskPolicy: a
 // query tile at or past the sequence's tq visits no key tile.
-template <int kBlockM, int kBlockN>
+template <int kBlockM, int kBlockN, bool kVarlen>
 __device__ __forceinline__ DqWork dq_work(const fused::BackwardParams& p, const TileId& id,
                                           const fused::Sequence& seq,
                                           const fused::MaskPolicy& mask) {
@@ -79,6 +80,7 @@ __device__ __forceinline__ DqWork dq_work(const fused::BackwardParams& p, const 
   w.k_row0 = seq.k_row0;
   w.ws_row0 = seq.ws_row0;
   w.b = id.b;
+  w.tb = kVarlen ? 0 : id.b;
   w.h = id.h;
   w.hk = w.h / (p.H / p.Hkv);
   w.m0 = id.m_block * kBlockM;
@@ -100,9 +102,10 @@ __device__ __forceinline__ void dq_produce(const BackwardParams& p, const DqWork
   ptx::tma_prefetch(&p.do_map);
 
   ptx::mbar_arrive_expect_tx(smem + L::kQFull, 2 * L::kQBytes);
-  load_rows<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, w.q_row0 + w.m0, w.h, w.b);
+  load_rows<kD, Tile::kBlockM>(smem + L::kQ, &p.q_map, smem + L::kQFull, w.q_row0 + w.m0, w.h,
+                               w.tb);
   load_rows<kD, Tile::kBlockM>(smem + L::kDo, &p.do_map, smem + L::kQFull, w.q_row0 + w.m0, w.h,
-                               w.b);
+                               w.tb);
 
   int it = 0;
   for (int n_block = w.keys.last; n_block >= w.keys.first; --n_block, ++it) {
@@ -114,9 +117,9 @@ __device__ __forceinline__ void dq_produce(const BackwardParams& p, const DqWork
     ptx::mbar_arrive_expect_tx(full, 2 * L::kKVBytes);
     constexpr int kBox = kv_box_rows(kD);
     load_rows<kD, kBN, kBox>(smem + L::kK + uint32_t(stage) * L::kKVBytes, &p.k_map, full, n0, w.hk,
-                             w.b);
+                             w.tb);
     load_rows<kD, kBN, kBox>(smem + L::kV + uint32_t(stage) * L::kKVBytes, &p.v_map, full, n0, w.hk,
-                             w.b);
+                             w.tb);
   }
 }
 
@@ -220,12 +223,12 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     stage_rows<kD, Elem, /*kByStmatrix=*/true>(staging, dq, p.dkdq_scale);
     staging_publish();
     if (staged_store_issuer()) {
-      store_staged_tile<kD>(&p.dq_map, staging, wg_row0, 0, w.h, w.b);
+      store_staged_tile<kD>(&p.dq_map, staging, wg_row0, 0, w.h, w.tb);
       finish_gradient_stores();
     }
     return;
   }
-  Elem* dq_out = static_cast<Elem*>(c.dq) + w.b * c.dq_stride.batch + w.h * c.dq_stride.head +
+  Elem* dq_out = static_cast<Elem*>(c.dq) + w.tb * c.dq_stride.batch + w.h * c.dq_stride.head +
                  int64_t(w.q_row0) * c.dq_stride.row;
   store_rows<kD, Elem>(dq_out, c.dq_stride.row, warp_row0, mask.tq, c.head_dim, dq, p.dkdq_scale);
 }
@@ -257,7 +260,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const TileId id = dq_tile(p.c);
   const fused::Sequence seq = backward_sequence<kVarlen>(p.c, id.b);
   const fused::MaskPolicy mask = kVarlen ? fused::MaskPolicy(seq.mask) : batch_mask;
-  const DqWork w = dq_work<Tile::kBlockM, Tile::kBlockN>(p.c, id, seq, mask);
+  const DqWork w = dq_work<Tile::kBlockM, Tile::kBlockN, kVarlen>(p.c, id, seq, mask);
   const int warpgroup = ptx::warp_uniform(int(threadIdx.x) / kWarpgroupThreads);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kBwdProducerRegisters>();
