@@ -343,6 +343,12 @@ def run_ours(bench, cfg, repeats, backend, deterministic=True, settle_s=0.0, idl
         cmd += ["--spin-ahead-us", str(spin_ahead_us)]
     if back_to_back:
         cmd.append("--back-to-back")
+    return bench_record(cmd)
+
+
+def bench_record(cmd):
+    """Runs gqattn_bench's command `cmd` and returns its last JSON line, or
+    {"error": ...} (a failed shape is reported, the run goes on)."""
     try:
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import time
 
@@ -94,13 +93,7 @@ def run_ours(bench, lens, causal, backend, repeats, spin_ahead_us, dense_batch=F
            "--warmup", str(sbs.WARMUP)]
     if spin_ahead_us > 0:
         cmd += ["--spin-ahead-us", str(spin_ahead_us)]
-    try:
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        if run.returncode != 0:
-            return {"error": f"exit {run.returncode}: {run.stderr.strip()[-200:]}"}
-        return json.loads(run.stdout.strip().splitlines()[-1])
-    except Exception as e:  # report, keep going
-        return {"error": f"{type(e).__name__}: {e}"[:200]}
+    return sbs.bench_record(cmd)
 
 
 def peers(lens, causal):

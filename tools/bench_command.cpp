@@ -101,13 +101,7 @@ BenchArgs parse_bench(const std::vector<std::string>& args) {
       rest.push_back(arg);
       continue;
     }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-    } else {
-      if (i + 1 >= args.size()) throw UsageError{flag + " needs a value"};
-      value = args[++i];
-    }
+    const std::string value = flag_value(args, i, eq);
     if (flag == "--device") {
       if (value != "cpu" && value != "cuda")
         throw UsageError{"--device must be cpu or cuda, got '" + value + "'"};

@@ -2,33 +2,18 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <cstdint>
 #include <stdexcept>
 #include <string>
 
 #include "bench_cuda.hpp"
+#include "spin_ahead.hpp"  // bench/: the spin gqattn_bench queues, the same kernel
 
 namespace gqattn_tool {
 namespace {
 
-constexpr std::uint64_t kNanosecondsPerMicrosecond = 1000;
-
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
-
-__device__ std::uint64_t global_timer_ns() {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// One thread spins on the GPU's global timer (next to no power drawn).
-__global__ void spin_kernel(std::uint64_t nanoseconds) {
-  const std::uint64_t start = global_timer_ns();
-  while (global_timer_ns() - start < nanoseconds) {
-  }
 }
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
@@ -78,10 +63,7 @@ double CudaTimer::time(const std::function<void()>& call, bool* host_late) {
   const cudaStream_t stream = as_stream(stream_);
   // From before the spin's launch: the spin starts no earlier than this.
   const auto queue_start = std::chrono::steady_clock::now();
-  if (spin_us_ > 0) {
-    spin_kernel<<<1, 1, 0, stream>>>(std::uint64_t(spin_us_) * kNanosecondsPerMicrosecond);
-    check(cudaGetLastError(), "spin kernel");
-  }
+  check(gqattn_bench::spin_ahead(stream, spin_us_), "spin kernel");
   check(cudaEventRecord(as_event(start_), stream), "cudaEventRecord");
   call();
   check(cudaEventRecord(as_event(stop_), stream), "cudaEventRecord");

@@ -9,9 +9,9 @@
 // launch the call (argument checks, workspace, the launches) lands inside
 // the measured window. A one-thread kernel spinning on the GPU's global
 // timer keeps the stream busy while the host queues start event, call and
-// stop event behind it; the events then time the GPU alone. (The same
-// method as bench/spin_ahead.hpp, which gqattn_bench uses; the tool does
-// not link bench/.)
+// stop event behind it; the events then time the GPU alone. The spin is
+// bench/spin_ahead.cu's, which gqattn_bench queues too (compiled into the
+// tool as a source file).
 #pragma once
 
 #include <cstddef>

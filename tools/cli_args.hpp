@@ -212,6 +212,16 @@ inline gqattn::check::Config check_config(const CheckArgs& c, gqattn::Backend ba
   return config;
 }
 
+// The value of the flag args[i] (`--flag=value`, eq its '=', or `--flag
+// value`, then i moves past it).
+inline std::string flag_value(const std::vector<std::string>& args, std::size_t& i,
+                              std::size_t eq) {
+  const std::string& arg = args[i];
+  if (eq != std::string::npos) return arg.substr(eq + 1);
+  if (i + 1 >= args.size()) throw UsageError{arg + " needs a value"};
+  return args[++i];
+}
+
 inline bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") return true;
@@ -254,13 +264,7 @@ inline CheckArgs parse_check(const std::vector<std::string>& args) {
       }
       continue;
     }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-    } else {
-      if (i + 1 >= args.size()) throw UsageError{flag + " needs a value"};
-      value = args[++i];
-    }
+    const std::string value = flag_value(args, i, eq);
     if (flag == "--B") {
       p.B = parse_int(flag, value);
       b_given = true;

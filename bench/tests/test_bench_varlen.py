@@ -35,7 +35,7 @@ def test_gqattn_bench_gets_the_packed_lengths(monkeypatch):
     def fake_run(cmd, **kwargs):
         seen.append(cmd)
         return types.SimpleNamespace(returncode=0, stdout=json.dumps({"fwd_ms": 1.0}) + "\n")
-    monkeypatch.setattr(varlen.subprocess, "run", fake_run)
+    monkeypatch.setattr(sbs.subprocess, "run", fake_run)
     assert varlen.run_ours("b", [5, 9], True, "cuda-hopper", 10, 2000) == {"fwd_ms": 1.0}
     assert seen[-1][1:3] == ["--varlen", "5/9,32,8,128,1,0,0"]
     assert seen[-1][-2:] == ["--spin-ahead-us", "2000"]

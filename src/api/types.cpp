@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 
 #include "gqattn/dtype.hpp"
@@ -56,50 +57,38 @@ int64_t Problem::kept_pairs() const {
   return static_cast<int64_t>(pairs < most ? pairs : most);
 }
 
-TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1) {
+namespace {
+
+// A tensor of the given dims with row-major strides (the last contiguous).
+TensorRef row_major(void* data, DType dtype, Device device, std::initializer_list<int64_t> dims) {
   TensorRef t;
   t.data = data;
   t.dtype = dtype;
   t.device = device;
-  t.rank = 2;
-  t.shape[0] = d0;
-  t.shape[1] = d1;
-  t.stride[1] = 1;
-  t.stride[0] = d1;
+  t.rank = int(dims.size());
+  int r = 0;
+  for (const int64_t n : dims) t.shape[r++] = n;
+  int64_t stride = 1;
+  for (r = t.rank - 1; r >= 0; --r) {
+    t.stride[r] = stride;
+    stride *= t.shape[r];
+  }
   return t;
 }
 
+}  // namespace
+
+TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1) {
+  return row_major(data, dtype, device, {d0, d1});
+}
+
 TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2) {
-  TensorRef t;
-  t.data = data;
-  t.dtype = dtype;
-  t.device = device;
-  t.rank = 3;
-  t.shape[0] = d0;
-  t.shape[1] = d1;
-  t.shape[2] = d2;
-  t.stride[2] = 1;
-  t.stride[1] = d2;
-  t.stride[0] = d1 * d2;
-  return t;
+  return row_major(data, dtype, device, {d0, d1, d2});
 }
 
 TensorRef contiguous(void* data, DType dtype, Device device, int64_t d0, int64_t d1, int64_t d2,
                      int64_t d3) {
-  TensorRef t;
-  t.data = data;
-  t.dtype = dtype;
-  t.device = device;
-  t.rank = 4;
-  t.shape[0] = d0;
-  t.shape[1] = d1;
-  t.shape[2] = d2;
-  t.shape[3] = d3;
-  t.stride[3] = 1;
-  t.stride[2] = d3;
-  t.stride[1] = d2 * d3;
-  t.stride[0] = d1 * d2 * d3;
-  return t;
+  return row_major(data, dtype, device, {d0, d1, d2, d3});
 }
 
 std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
