@@ -155,6 +155,14 @@ struct Options {
   // offsets: wrong offsets can give wrong numbers, never a read or write
   // outside the tensors.
   bool check_offsets = true;
+  // KV-cache calls on the fused CUDA backends: how a sequence's keys are
+  // split over thread blocks. false (the default): by the batch and the
+  // GPU's size, to fill the GPU; a sequence's bits may then change with the
+  // batch it is served in. true: by the sequence's own length only, so a
+  // sequence gives the same bits alone or in any batch, on any GPU of the
+  // same kind (docs/semantics.md, "KV cache"). Other calls and backends
+  // ignore it (their results never depend on the other sequences).
+  bool batch_invariant = false;
 };
 
 }  // namespace gqattn

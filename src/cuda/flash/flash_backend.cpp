@@ -24,6 +24,7 @@
 #include "cuda/flash/smem_support.hpp"
 #include "cuda/flash/tile_sizes.hpp"
 #include "cuda/fused/problem_args.hpp"
+#include "cuda/kv_cache/kv_cache_path.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
 
@@ -82,6 +83,7 @@ class CudaFlashBackend final : public BackendImpl {
   // The forward: its own grid and shared memory, so a forward runs on a
   // device too small for the backward's kernels.
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
+    if (p.kv_cache) return kv_cache::why_not("cuda-flash", p, dtype, device);
     const std::string shared = fused::why_not_fused_problem("cuda-flash", p, dtype, device);
     if (!shared.empty()) return shared;
     // Its kernels' head dims only: padding a d between them (as cuda-hopper
@@ -147,6 +149,9 @@ class CudaFlashBackend final : public BackendImpl {
     return r;
   }
 
+  bool supports_kv_cache() const override { return true; }
+  void forward_kv_cache(const KvCacheArgs& args) const override { kv_cache::forward(args); }
+
   void forward(const ForwardArgs& a) const override {
     flash::ForwardParams p;
     p.q = a.q.data;
@@ -198,6 +203,7 @@ class CudaFlashBackend final : public BackendImpl {
 
   std::string describe_plan(const Problem& p, DType dtype, Pass pass,
                             const Options& options) const override {
+    if (p.kv_cache) return kv_cache::describe_plan(p, options);
     if (pass == Pass::forward) return flash::describe(flash::plan_forward(p, dtype));
     return flash::describe(backward_plan(p, dtype, options));
   }

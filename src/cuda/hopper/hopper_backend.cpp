@@ -20,6 +20,7 @@
 #include "cuda/hopper/launchers.hpp"
 #include "cuda/hopper/plan.hpp"
 #include "cuda/hopper/tma_desc.hpp"
+#include "cuda/kv_cache/kv_cache_path.hpp"
 #include "gqattn/dtype.hpp"
 #include "gqattn/error.hpp"
 
@@ -59,6 +60,12 @@ class CudaHopperBackend final : public BackendImpl {
   Backend id() const override { return Backend::CudaHopper; }
 
   std::string why_not(const Problem& p, DType dtype, Device device) const override {
+    if (p.kv_cache) {
+      // The KV-cache kernels are cuda-flash's too (kv_cache_path.hpp); under
+      // this name they run on sm_90 only, like the rest of the backend.
+      const std::string shared = kv_cache::why_not("cuda-hopper", p, dtype, device);
+      return shared.empty() ? why_no_sm90() : shared;
+    }
     const std::string shared = fused::why_not_fused_problem("cuda-hopper", p, dtype, device);
     if (!shared.empty()) return shared;
     // The grid first (it needs no device), then the device, then what the
@@ -84,7 +91,8 @@ class CudaHopperBackend final : public BackendImpl {
   }
 
   std::string describe_plan(const Problem& p, DType dtype, Pass pass,
-                            const Options& /*options*/) const override {
+                            const Options& options) const override {
+    if (p.kv_cache) return kv_cache::describe_plan(p, options);
     const cuda::DeviceLimits limits = device_limits();
     if (pass == Pass::forward)
       return hopper::describe(hopper::plan_forward(p, dtype, limits, detail::plan_override()));
@@ -116,8 +124,12 @@ class CudaHopperBackend final : public BackendImpl {
       r = hopper::why_not_tma(t, name);
     if (r.empty() && (role == "dq" || role == "dk" || role == "dv"))
       r = fused::why_misaligned(t, name, kPairBytes, "32-bit stores");
+    if (r.empty()) r = kv_cache::why_not_cache_tensor(t, name);
     return r;
   }
+
+  bool supports_kv_cache() const override { return true; }
+  void forward_kv_cache(const KvCacheArgs& args) const override { kv_cache::forward(args); }
 
   void forward(const ForwardArgs& a) const override {
     const hopper::ForwardPlan plan =
