@@ -50,8 +50,8 @@ def _not_supported(argument: str, reason: str) -> Error:
 def _kv_cache_forward(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
                       v: Optional[Tensor], cache_seqlens: Tensor, cache_batch_idx: Optional[Tensor],
                       block_table: Optional[Tensor], causal: bool, window: int, softcap: float,
-                      scale: Optional[float], backend: str,
-                      check_offsets: bool) -> Tuple[Tensor, Tensor]:
+                      scale: Optional[float], backend: str, check_offsets: bool,
+                      batch_invariant: bool) -> Tuple[Tensor, Tensor]:
     B, Tq, H, d = q.shape
     # torch.empty: the library writes every element of o and lse.
     o = torch.empty((B, Tq, H, d), dtype=q.dtype, device=q.device)
@@ -67,13 +67,15 @@ def _kv_cache_forward(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[T
                                    window=window, softcap=softcap, scale=scale,
                                    backend=backend, stream=_gt._stream(q),
                                    num_threads=torch.get_num_threads(),
-                                   check_offsets=check_offsets)
+                                   check_offsets=check_offsets,
+                                   batch_invariant=batch_invariant)
     return o, lse
 
 
 @_kv_cache_forward.register_fake
 def _kv_cache_forward_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
-                           causal, window, softcap, scale, backend, check_offsets):
+                           causal, window, softcap, scale, backend, check_offsets,
+                           batch_invariant):
     B, Tq, H, d = q.shape
     return q.new_empty((B, Tq, H, d)), q.new_empty((B, H, Tq), dtype=torch.float32)
 
@@ -109,7 +111,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
                             window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True,
                             alibi_slopes: Optional[Tensor] = None, num_splits: int = 0,
-                            return_softmax_lse: bool = False):
+                            return_softmax_lse: bool = False, *, batch_invariant: bool = False):
     """FlashAttention-2's ``flash_attn_with_kvcache``, run by gqattn.
 
     Args:
@@ -138,6 +140,9 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
         num_splits: FlashAttention's split-KV hint; gqattn chooses its own
             split, so it is ignored.
         return_softmax_lse: also return ``lse`` ``[B, H, Tq]`` float32.
+        batch_invariant: gqattn's own (keyword only): a sequence gives the
+            same bits alone or in any batch (the split of its keys over
+            thread blocks follows its own length, not the batch's size).
 
     Returns:
         ``out`` ``[B, Tq, H, d]``, or ``(out, softmax_lse)``.
@@ -179,7 +184,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     o, lse = _kv_cache_forward(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
                                block_table, causal, window, float(softcap),
                                None if softmax_scale is None else float(softmax_scale), "auto",
-                               _gt._may_check_offsets(q))
+                               _gt._may_check_offsets(q), bool(batch_invariant))
     return (o, lse) if return_softmax_lse else o
 
 

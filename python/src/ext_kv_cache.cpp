@@ -159,7 +159,7 @@ void forward_with_kv_cache(const InArray& q, nb::handle k_cache_arg, nb::handle 
                            int64_t window, float softcap, std::optional<float> scale,
                            std::optional<int64_t> q_start, const std::string& backend,
                            bool deterministic, uintptr_t stream, int num_threads,
-                           bool check_offsets) {
+                           bool check_offsets, bool batch_invariant) {
   const OutArray k_cache = writable("k_cache", k_cache_arg);
   const OutArray v_cache = writable("v_cache", v_cache_arg);
   const OutArray o = writable("o", o_arg);
@@ -195,7 +195,8 @@ void forward_with_kv_cache(const InArray& q, nb::handle k_cache_arg, nb::handle 
     p.Tk = cache.pages_per_seq * p.kv_page_size;
   }
   if (cache_batch_idx) cache.batch_idx = ints("cache_batch_idx", *cache_batch_idx, q, 1);
-  const gqattn::Options opt = options(backend, deterministic, stream, num_threads, check_offsets);
+  gqattn::Options opt = options(backend, deterministic, stream, num_threads, check_offsets);
+  opt.batch_invariant = batch_invariant;
   // The CPU backend runs as long as the problem takes: let other Python
   // threads run; the arrays stay referenced by this call's frame.
   nb::gil_scoped_release release;
@@ -224,7 +225,8 @@ const char* kForwardWithKvCacheDoc =
     R"(forward_with_kv_cache(q, k_cache, v_cache, o, lse, cache_seqlens, *, k=None, v=None,
                       block_table=None, cache_batch_idx=None, causal=False, window=0,
                       softcap=0.0, scale=None, q_start=None, backend="auto",
-                      deterministic=True, stream=0, num_threads=0, check_offsets=True)
+                      deterministic=True, stream=0, num_threads=0, check_offsets=True,
+                      batch_invariant=False)
 
 Attention of q [B, Tq, H, d] over a KV cache, into o [B, Tq, H, d] and lse
 [B, H, Tq] float32 (or None). Dense cache: k_cache, v_cache
@@ -237,7 +239,9 @@ in place at positions cache_seqlens[b] .. cache_seqlens[b] + T_new - 1;
 then query i of sequence b attends to its cache_seqlens[b] + T_new keys from
 position cache_seqlens[b] + T_new - Tq + i (unless q_start is given). The
 int32 vectors live on q's device; check_offsets=False skips copying CUDA
-ones to the host to check them (needed under CUDA graph capture).)";
+ones to the host to check them (needed under CUDA graph capture).
+batch_invariant=True: a sequence's result does not depend on the batch it
+is in (Options::batch_invariant).)";
 
 const char* kMergeDoc = R"(merge_attention_states(o_a, lse_a, o_b, lse_b, o, lse, *, stream=0)
 
@@ -255,7 +259,7 @@ void bind_kv_cache(nb::module_& m) {
         "cache_batch_idx"_a.none() = nb::none(), "causal"_a = false, "window"_a = 0,
         "softcap"_a = 0.0f, "scale"_a.none() = nb::none(), "q_start"_a.none() = nb::none(),
         "backend"_a = "auto", "deterministic"_a = true, "stream"_a = 0, "num_threads"_a = 0,
-        "check_offsets"_a = true, kForwardWithKvCacheDoc);
+        "check_offsets"_a = true, "batch_invariant"_a = false, kForwardWithKvCacheDoc);
   m.def("merge_attention_states", &merge_attention_states, "o_a"_a, "lse_a"_a, "o_b"_a, "lse_b"_a,
         "o"_a, "lse"_a, nb::kw_only(), "stream"_a = 0, kMergeDoc);
 }

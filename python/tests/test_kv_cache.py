@@ -222,6 +222,21 @@ def test_num_splits_is_a_hint():
     assert torch.equal(a.run(num_splits=0), b.run(num_splits=7))
 
 
+def test_batch_invariant_keyword_reaches_the_library(monkeypatch):
+    seen = []
+    real = gqattn._ext.forward_with_kv_cache
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["batch_invariant"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gqattn._ext, "forward_with_kv_cache", spy)
+    c = Case(page=3)
+    want = Case(page=3).run()
+    assert torch.equal(c.run(batch_invariant=True), want)  # the CPU never splits by the batch
+    assert seen == [False, True]
+
+
 def test_bad_block_table_raises_naming_it():
     c = Case(page=3)
     before_k, before_v = c.k_cache.clone(), c.v_cache.clone()
@@ -254,11 +269,11 @@ def test_other_bad_arguments_raise():
 def test_opcheck_custom_ops():
     c = Case(page=3)
     args = (c.q, c.k_cache, c.v_cache, c.k, c.v, c.seqlens(), None, c.block_table, True, 0, 0.0,
-            None, "auto", True)
+            None, "auto", True, False)
     torch.library.opcheck(torch.ops.gqattn.kv_cache_forward.default, args)
     d = Case(batch_idx=True, t_new=0)
     args = (d.q, d.k_cache, d.v_cache, None, None, d.seqlens(), d.cache_batch_idx, None, False, 4,
-            0.0, 0.5, "auto", False)
+            0.0, 0.5, "auto", False, True)
     torch.library.opcheck(torch.ops.gqattn.kv_cache_forward.default, args)
     o_a, o_b = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)
     lse_a, lse_b = torch.randn(2, 4, 3), torch.randn(2, 4, 3)
@@ -410,23 +425,12 @@ def _to(case, device, dtype=None):
     return case
 
 
-def _run_or_skip(fn):
-    # The CUDA backends gain their KV-cache paths separately; until one has,
-    # the library refuses the call with this reason.
-    try:
-        return fn()
-    except gqattn.Error as e:
-        if "no KV-cache path" in str(e):
-            pytest.skip(str(e))
-        raise
-
-
 @needs_cuda
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: str(x))
 def test_cuda_against_f64_reference(layout):
     c = _to(Case(**layout), "cuda", torch.bfloat16)
     want_k, want_v = c.expected_caches()
-    o, lse = _run_or_skip(lambda: c.run(causal=True, return_softmax_lse=True))
+    o, lse = c.run(causal=True, return_softmax_lse=True)
     torch.cuda.synchronize()
     assert torch.equal(c.k_cache, want_k) and torch.equal(c.v_cache, want_v)
     lengths = [n + c.t_new for n in c.cached]
@@ -442,7 +446,7 @@ def test_cuda_against_f64_reference(layout):
 def test_cuda_bad_block_table_raises_in_eager():
     c = _to(Case(page=3), "cuda", torch.bfloat16)
     c.block_table[1, 0] = 10**6
-    with pytest.raises(gqattn.Error, match=r"block_table\[1, 0\]|no KV-cache path"):
+    with pytest.raises(gqattn.Error, match=r"block_table\[1, 0\]"):
         c.run()
 
 
@@ -455,7 +459,7 @@ def test_cuda_graph_decode_step_replays_eagerly():
                    torch.bfloat16)
 
     eager, static = make(), make()
-    _run_or_skip(lambda: eager.run(causal=True))  # skips before any capture if unsupported
+    eager.run(causal=True)
     eager, static = make(), make()
     seqlens = static.seqlens().cuda()
 
