@@ -5,6 +5,7 @@
 #include <string>
 
 #include "api/backend.hpp"
+#include "cpu/kv_cache_gather.hpp"
 #include "cpu/mirror.hpp"
 
 namespace gqattn::detail {
@@ -23,7 +24,7 @@ class CpuBackend final : public BackendImpl {
   bool needs_host_offsets() const override { return true; }
   bool supports_kv_cache() const override { return true; }
   void forward_kv_cache(const KvCacheArgs& args) const override {
-    cpu::mirror_kv_cache_forward(args);
+    cpu::kv_cache_forward_by_gather(args, &cpu::mirror_forward);
   }
 
   void forward(const ForwardArgs& args) const override {

@@ -75,7 +75,4 @@ void mirror_backward(const detail::BackwardArgs& args);
 // (mirror_varlen.cpp).
 void mirror_varlen_forward(const detail::ForwardArgs& args);
 void mirror_varlen_backward(const detail::BackwardArgs& args);
-// KV-cache calls (mirror_kv_cache.cpp): append, then sequence by sequence.
-void mirror_kv_cache_forward(const detail::KvCacheArgs& args);
-
 }  // namespace gqattn::cpu

@@ -1,12 +1,15 @@
 // The cpu-flash backend: the FlashAttention algorithm on the host
 // (forward.cpp, backward.cpp) behind the BackendImpl interface. It runs
-// every valid problem whose tensors are in host memory except KV-cache calls
-// (those go to the mirror). Auto picks it before the mirror for host
+// every valid problem whose tensors are in host memory; KV-cache calls append
+// in place, then gather each sequence's keys and run the dense forward
+// (cpu/kv_cache_gather.hpp). Auto picks it before the mirror for host
 // tensors; the mirror ("cpu") stays the parity reference, chosen by name.
-// Checked through the public API by tests/cpu/test_cpu_flash.cpp.
+// Checked through the public API by tests/cpu/test_cpu_flash.cpp and
+// tests/cpu/test_kv_cache.cpp.
 #include <string>
 
 #include "api/backend.hpp"
+#include "cpu/kv_cache_gather.hpp"
 #include "cpu_flash/cpu_flash.hpp"
 
 namespace gqattn::detail {
@@ -23,6 +26,10 @@ class CpuFlashBackend final : public BackendImpl {
 
   // Varlen batches run sequence by sequence from the checked host offsets.
   bool needs_host_offsets() const override { return true; }
+  bool supports_kv_cache() const override { return true; }
+  void forward_kv_cache(const KvCacheArgs& args) const override {
+    cpu::kv_cache_forward_by_gather(args, &cpu_flash::forward);
+  }
 
   void forward(const ForwardArgs& args) const override {
     if (args.problem.varlen)

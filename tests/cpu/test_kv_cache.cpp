@@ -1,4 +1,5 @@
-// forward_with_kv_cache on the cpu backend, through the public API: dense
+// forward_with_kv_cache on the host backends (the mirror, cpu, and cpu-flash),
+// through the public API: dense
 // caches (with and without cache_batch_idx) and paged caches of page sizes 1,
 // 3, 16 and 256, with and without new keys. The append is checked element
 // by element (new keys where they belong, every other cache element
@@ -119,9 +120,17 @@ CacheRun make_run(const Case& c) {
   return r;
 }
 
+// The backend under test: KvCacheOn's parameter.
+Backend backend_under_test = Backend::Cpu;
+
+class KvCacheOn : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override { backend_under_test = GetParam(); }
+};
+
 void call(CacheRun& r) {
   Options options;
-  options.backend = Backend::Cpu;
+  options.backend = backend_under_test;
   forward_with_kv_cache(r.problem, r.cache, r.tq, r.tk_new, r.tv_new, r.to, r.tlse, options);
 }
 
@@ -180,9 +189,9 @@ void check_run(const Case& c) {
   }
 }
 
-TEST(KvCache, DenseCacheAppendAndAttend) { check_run(Case{}); }
+TEST_P(KvCacheOn, DenseCacheAppendAndAttend) { check_run(Case{}); }
 
-TEST(KvCache, DenseCacheWithBatchIdx) {
+TEST_P(KvCacheOn, DenseCacheWithBatchIdx) {
   Case c;
   c.use_batch_idx = true;
   c.window = 4;
@@ -190,7 +199,7 @@ TEST(KvCache, DenseCacheWithBatchIdx) {
   check_run(c);
 }
 
-TEST(KvCache, PagedCachesOfEveryPageSize) {
+TEST_P(KvCacheOn, PagedCachesOfEveryPageSize) {
   for (int64_t page : {1, 3, 16, 256}) {
     SCOPED_TRACE("page " + std::to_string(page));
     Case c;
@@ -202,7 +211,7 @@ TEST(KvCache, PagedCachesOfEveryPageSize) {
   }
 }
 
-TEST(KvCache, WithoutNewKeysAndDecoding) {
+TEST_P(KvCacheOn, WithoutNewKeysAndDecoding) {
   Case c;
   c.page = 3;
   c.capacity = 21;
@@ -213,7 +222,7 @@ TEST(KvCache, WithoutNewKeysAndDecoding) {
   check_run(c);
 }
 
-TEST(KvCache, QueryOffsetGiven) {
+TEST_P(KvCacheOn, QueryOffsetGiven) {
   Case c;
   c.page = 16;
   c.capacity = 32;
@@ -224,7 +233,7 @@ TEST(KvCache, QueryOffsetGiven) {
   for (int64_t b = 0; b < c.B; ++b) EXPECT_TRUE(std::isfinite(r.lse[b * c.H * c.Tq]));
 }
 
-TEST(KvCache, ASequenceGivesTheSameBitsAloneAndInABatch) {
+TEST_P(KvCacheOn, ASequenceGivesTheSameBitsAloneAndInABatch) {
   Case c;
   c.page = 16;
   c.capacity = 48;
@@ -270,7 +279,7 @@ void expect_error(CacheRun& r, const std::string& argument) {
   EXPECT_EQ(r.k_cache, r.k_cache_before);
 }
 
-TEST(KvCache, BadArgumentsNameTheArgumentAndWriteNothing) {
+TEST_P(KvCacheOn, BadArgumentsNameTheArgumentAndWriteNothing) {
   Case c;
   c.page = 3;
   c.capacity = 9;
@@ -326,6 +335,12 @@ TEST(KvCache, ForwardOnAKvCacheProblemPointsToTheCacheCall) {
     EXPECT_NE(std::string(e.what()).find("forward_with_kv_cache"), std::string::npos) << e.what();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(HostBackends, KvCacheOn,
+                         ::testing::Values(Backend::Cpu, Backend::CpuFlash),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return info.param == Backend::Cpu ? "cpu" : "cpu_flash";
+                         });
 
 }  // namespace
 }  // namespace gqattn::test

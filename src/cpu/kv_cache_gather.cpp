@@ -1,16 +1,18 @@
-// The mirror's KV-cache forward: the new keys and values written into the
-// cache in place, then sequence by sequence its keys gathered from the cache
-// (dense rows or pages) into one contiguous [1, keys, Hkv, d] buffer of the
-// I/O dtype and the dense mirror_forward run over it: a sequence's result is
-// the dense problem of its own keys, whatever the batch. Checked against the
-// f64 oracle over an independently gathered cache by
-// tests/cpu/test_kv_cache.cpp.
+// The host backends' KV-cache forward (the mirror's and cpu-flash's): the new
+// keys and values written into the cache in place, then sequence by
+// sequence its keys gathered from the cache (dense rows or pages) into one
+// contiguous [1, keys, Hkv, d] buffer of the I/O dtype and the backend's
+// dense forward run over it: a sequence's result is the dense problem of its
+// own keys, whatever the batch. Checked against the f64 oracle over an
+// independently gathered cache by tests/cpu/test_kv_cache.cpp, on both
+// backends.
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "cpu/kv_cache_gather.hpp"
 #include "cpu/mirror.hpp"
 #include "gqattn/dtype.hpp"
 
@@ -24,7 +26,8 @@ char* element(const TensorRef& t, int64_t i0, int64_t i1, int64_t i2) {
 
 }  // namespace
 
-void mirror_kv_cache_forward(const detail::KvCacheArgs& a) {
+void kv_cache_forward_by_gather(const detail::KvCacheArgs& a,
+                                void (*dense_forward)(const detail::ForwardArgs&)) {
   const detail::HostKvCache& h = *a.host;
   const Problem& p = a.problem;
   const KvCache& cache = a.cache;
@@ -91,7 +94,7 @@ void mirror_kv_cache_forward(const detail::KvCacheArgs& a) {
     }
     one.k = contiguous(k_rows.data(), a.q.dtype, Device::cpu, 1, keys, p.Hkv, p.d);
     one.v = contiguous(v_rows.data(), a.q.dtype, Device::cpu, 1, keys, p.Hkv, p.d);
-    mirror_forward(one);
+    dense_forward(one);
   }
 }
 
