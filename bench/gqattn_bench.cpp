@@ -11,8 +11,9 @@
 //
 //   gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,softcap]...
 //                [--varlen LENS,H,Hkv,d,causal,window,softcap]...
+//                [--kv-cache LENS,Tq,H,Hkv,d,page,causal,window,softcap]...
 //                [--dtype bf16|f16] [--backend NAME] [--warmup N] [--repeats N]
-//                [--no-backward] [--nondeterministic] [--release-workspace]
+//                [--no-backward] [--nondeterministic] [--batch-invariant] [--release-workspace]
 //                [--idle-ms N] [--settle-ms N] [--spin-ahead-us N] [--back-to-back]
 //                [--call-times] [--force SPEC]
 //
@@ -25,6 +26,32 @@
 // gives "varlen": true, the lengths ("seqlens_q", "seqlens_k"), B as the
 // number of sequences, Tq and Tk as the longest ones, and "kept_pairs"
 // summed over the sequences (FLOPs 4 * d * H * that).
+// --kv-cache times forward_with_kv_cache (docs/semantics.md, "KV cache"), a
+// decoding step or a short chunk: LENS is the keys already cached per
+// sequence, separated by '/' (as --varlen's, without the Nq:Nk form), and
+// each sequence attends with Tq queries to its LENS[b] keys (no new keys).
+// page 0 is a dense cache [B, capacity, Hkv, d] whose capacity is the
+// longest length rounded up to kDenseCacheRound; page > 0 a paged cache of
+// exactly the pages the sequences use, handed out in a shuffled (seeded)
+// order, as a serving engine's pool is after a while, with a block table
+// [B, pages_per_seq]. seqlens and the block table live on the device and
+// the calls pass check_offsets = false (no host read per call, as under a
+// CUDA graph; a backend that must read them on the host still does).
+// Its line gives "kv_cache": true, the lengths ("seqlens_k"), B as the
+// number of sequences, Tk as the capacity per sequence, "kept_pairs"
+// summed over the sequences, and, decoding being bound by memory, "bytes":
+// what a call must move, the K and V rows its queries keep (the cached
+// keys, fewer under a window: "keys_read") plus q and o (lse, seqlens and
+// the block table not counted), and "tbps", those bytes over the median
+// time. Forward only. Up to kMaxKvSets sets rather than 16, so that the
+// rotation exceeds the L2 even for a small cache. The caches hold a random
+// block repeated (kPatternElems values, an odd count: rows of a
+// power-of-two width repeat only that many rows apart), since drawing tens
+// of GB of random numbers on the host would take minutes.
+// bench/decode.py drives it.
+// --batch-invariant passes Options::batch_invariant = true (KV-cache calls
+// on the fused backends: a sequence's key split by its own length only);
+// a --kv-cache line says which in "batch_invariant".
 // Each line gives the plan the backend runs for the shape, as
 // gqattn::explain describes it, in "fwd_plan" and "bwd_plan".
 // --force SPEC forces a fused backend's plan for every call
@@ -113,6 +140,10 @@ namespace {
 
 constexpr std::size_t kRotateBytes = std::size_t(256) << 20;  // > 4x the L2 of an H100/H200
 constexpr int kMaxSets = 16;
+// --kv-cache: a decoding step moves a few MB; 16 sets of it would sit in L2.
+constexpr int kMaxKvSets = 256;
+constexpr int64_t kDenseCacheRound = 256;  // a dense cache's capacity: a multiple of this
+constexpr std::size_t kPatternElems = (1 << 20) + 1;  // --kv-cache: the random block repeated
 constexpr float kInputMean = 0.5f;
 constexpr unsigned kSeed = 20261201;
 constexpr double kFlopsPerPairPerDim = 4.0;  // QK^T and PV, 2 FLOPs per multiply-add
@@ -154,10 +185,11 @@ std::vector<gqattn::Problem> standard_shapes() {
   };
 }
 
-// A problem to time: dense, or a varlen batch with its sequences' lengths.
+// A problem to time: dense, a varlen batch with its sequences' lengths, or
+// a KV-cache call with its sequences' cached keys (lens_k).
 struct Case {
   gqattn::Problem p;
-  std::vector<int32_t> lens_q, lens_k;  // varlen only
+  std::vector<int32_t> lens_q, lens_k;  // varlen; lens_k also a KV cache's
 };
 
 gqattn::Problem parse_shape(const std::string& text) {
@@ -209,19 +241,105 @@ Case parse_varlen(const std::string& text) {
   return c;
 }
 
+// --kv-cache LENS,Tq,H,Hkv,d,page,causal,window,softcap (LENS: "a/b/...").
+Case parse_kv_cache(const std::string& text) {
+  const auto fail = [] {
+    std::fprintf(stderr,
+                 "gqattn_bench: --kv-cache wants LENS,Tq,H,Hkv,d,page,causal,window,softcap "
+                 "with LENS the cached keys per sequence separated by '/' (N >= 0), Tq >= 1, "
+                 "page >= 0 (0: a dense cache)\n");
+    std::exit(2);
+  };
+  const std::size_t comma = text.find(',');
+  if (comma == std::string::npos) fail();
+  Case c;
+  std::stringstream lens(text.substr(0, comma));
+  std::string item;
+  while (std::getline(lens, item, '/')) {
+    const long k = std::atol(item.c_str());
+    if (item.empty() || item.find(':') != std::string::npos || k < 0) fail();
+    c.lens_k.push_back(int32_t(k));
+  }
+  if (c.lens_k.empty()) fail();
+  std::vector<double> v;
+  std::stringstream rest(text.substr(comma + 1));
+  while (std::getline(rest, item, ',')) v.push_back(std::atof(item.c_str()));
+  if (v.size() != 8 || v[0] < 1 || v[4] < 0) fail();
+  const int64_t page = int64_t(v[4]);
+  const int64_t longest = std::max<int64_t>(1, *std::max_element(c.lens_k.begin(), c.lens_k.end()));
+  // The capacity per sequence: whole pages, or a dense row rounded up.
+  const int64_t round = page > 0 ? page : kDenseCacheRound;
+  const int64_t capacity = (longest + round - 1) / round * round;
+  c.p = gqattn::make_problem(int64_t(c.lens_k.size()), int64_t(v[0]), capacity, int64_t(v[1]),
+                             int64_t(v[2]), int64_t(v[3]), v[5] != 0.0, int64_t(v[6]), float(v[7]));
+  c.p.kv_cache = true;
+  c.p.kv_page_size = page;
+  return c;
+}
+
+// Sequence b alone, as a dense problem: Tq_b queries over Tk_b keys (a KV
+// cache's: Tq over its cached keys, the queries at the end).
+gqattn::Problem sequence_problem(const Case& c, std::size_t b) {
+  gqattn::Problem one = c.p;
+  one.varlen = false;
+  one.kv_cache = false;
+  one.kv_page_size = 0;
+  one.B = 1;
+  one.Tq = c.p.kv_cache ? c.p.Tq : c.lens_q[b];
+  one.Tk = c.lens_k[b];
+  return one;
+}
+
 // (query, key) pairs kept in one head, over the whole batch.
 double batch_kept_pairs(const Case& c) {
-  if (!c.p.varlen) return double(c.p.B) * double(c.p.kept_pairs());
+  if (!c.p.varlen && !c.p.kv_cache) return double(c.p.B) * double(c.p.kept_pairs());
   double pairs = 0.0;
-  for (std::size_t b = 0; b < c.lens_q.size(); ++b) {
-    gqattn::Problem one = c.p;
-    one.varlen = false;
-    one.B = 1;
-    one.Tq = c.lens_q[b];
-    one.Tk = c.lens_k[b];
-    pairs += double(one.kept_pairs());
-  }
+  for (std::size_t b = 0; b < c.lens_k.size(); ++b)
+    pairs += double(sequence_problem(c, b).kept_pairs());
   return pairs;
+}
+
+// --kv-cache: the cached keys some query keeps, over the batch: all of a
+// sequence's keys but those left of the first query's window (a causal mask
+// drops none: the last query sees every cached key).
+double kv_keys_read(const Case& c) {
+  double keys = 0.0;
+  for (std::size_t b = 0; b < c.lens_k.size(); ++b) {
+    const gqattn::Problem one = sequence_problem(c, b);
+    const int64_t w = one.effective_window();
+    const int64_t first = w > 0 ? std::max<int64_t>(0, one.query_start() - w + 1) : 0;
+    keys += double(std::max<int64_t>(0, one.Tk - first));
+  }
+  return keys;
+}
+
+// A KV cache's layout: a paged cache's pool and block table (dense: none).
+struct KvLayout {
+  int64_t pages_per_seq = 0;
+  int64_t num_pages = 0;
+  std::vector<int32_t> block_table;  // [B, pages_per_seq]
+};
+
+// Exactly the pages the sequences use, in a shuffled (seeded) order;
+// entries past a sequence's pages point at page 0 (never read).
+KvLayout kv_layout(const Case& c) {
+  KvLayout out;
+  const int64_t page = c.p.kv_page_size;
+  if (page <= 0) return out;
+  out.pages_per_seq = c.p.Tk / page;
+  int64_t used = 0;
+  for (const int32_t n : c.lens_k) used += (int64_t(n) + page - 1) / page;
+  out.num_pages = std::max<int64_t>(1, used);
+  std::vector<int32_t> order(std::size_t(out.num_pages));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  std::mt19937 rng(kSeed + 1);
+  std::shuffle(order.begin(), order.end(), rng);
+  out.block_table.assign(std::size_t(c.p.B * out.pages_per_seq), 0);
+  std::size_t next = 0;
+  for (std::size_t b = 0; b < c.lens_k.size(); ++b)
+    for (int64_t x = 0; x < (int64_t(c.lens_k[b]) + page - 1) / page; ++x)
+      out.block_table[b * std::size_t(out.pages_per_seq) + std::size_t(x)] = order[next++];
+  return out;
 }
 
 std::vector<int32_t> prefix_sums(const std::vector<int32_t>& lens) {
@@ -251,7 +369,23 @@ std::vector<uint16_t> random_16bit(std::size_t n, gqattn::DType dtype, std::mt19
   return out;
 }
 
-// One copy of every tensor a forward and backward touch.
+// Fills t's first `elems` 16-bit values with `values` repeated: uploads
+// them once, then doubles the filled part on the device.
+void upload_repeated(const DeviceTensor& t, const std::vector<uint16_t>& values, std::size_t elems,
+                     const char* what) {
+  const std::size_t elem = sizeof(uint16_t);
+  auto* base = static_cast<unsigned char*>(t.data);
+  std::size_t done = std::min(elems, values.size());
+  check(cudaMemcpy(base, values.data(), done * elem, cudaMemcpyHostToDevice), what);
+  while (done < elems) {
+    const std::size_t n = std::min(done, elems - done);
+    check(cudaMemcpy(base + done * elem, base, n * elem, cudaMemcpyDeviceToDevice), what);
+    done += n;
+  }
+}
+
+// One copy of every tensor a forward and backward touch (a KV-cache call:
+// q, k and v as the caches, o, lse).
 struct Set {
   DeviceTensor q, k, v, o, lse, dout, dq, dk, dv;
 };
@@ -268,6 +402,7 @@ struct Settings {
   int repeats = kDefaultRepeats;
   bool backward = true;
   bool deterministic = true;           // Options::deterministic
+  bool batch_invariant = false;        // Options::batch_invariant
   bool release_workspace = false;      // release_workspace_memory() after each timed call
   int idle_ms = 0;                     // host sleep before each timed call
   int settle_ms = 0;                   // host sleep before each pass's warm-up
@@ -292,8 +427,8 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
   // Every call of this shape (and explain's plans) under --force.
   const gqattn::detail::ScopedPlanOverride force(s.force);
   // Exact (docs/semantics.md): per (batch, head) for a dense problem, over
-  // the whole batch for a varlen one.
-  const double pairs = p.varlen ? batch_kept_pairs(c) : double(p.kept_pairs());
+  // the whole batch for a varlen or KV-cache one.
+  const double pairs = p.varlen || p.kv_cache ? batch_kept_pairs(c) : double(p.kept_pairs());
   const double fwd_flops = kFlopsPerPairPerDim * double(p.d) * double(p.H) * batch_kept_pairs(c);
   std::string line;
   append(line,
@@ -310,7 +445,12 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
          double(p.softcap), pairs);
   const std::vector<int32_t> cu_q = prefix_sums(c.lens_q), cu_k = prefix_sums(c.lens_k);
   const int64_t rows_q = p.varlen ? cu_q.back() : p.B * p.Tq;
-  const int64_t rows_k = p.varlen ? cu_k.back() : p.B * p.Tk;
+  const KvLayout layout = kv_layout(c);  // --kv-cache, paged
+  const bool paged = p.kv_cache && p.kv_page_size > 0;
+  // A KV cache's rows: its pages' slots, or B rows of its capacity.
+  const int64_t rows_k = p.varlen ? cu_k.back()
+                         : paged  ? layout.num_pages * p.kv_page_size
+                                  : p.B * p.Tk;
   if (p.varlen) {
     const auto append_list = [&](const char* key, const std::vector<int32_t>& lens) {
       append(line, ", \"%s\": [", key);
@@ -321,21 +461,47 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
     append_list("seqlens_q", c.lens_q);
     append_list("seqlens_k", c.lens_k);
   }
+  // --kv-cache: the bytes a call must move (the K and V rows some query
+  // keeps, q, o), for "tbps".
+  const double kv_bytes =
+      p.kv_cache ? 2.0 * kv_keys_read(c) * double(p.Hkv * p.d) * double(gqattn::dtype_size(s.dtype))
+                 : 0.0;
+  const double moved_bytes =
+      kv_bytes + 2.0 * double(p.B * p.Tq * p.H * p.d) * double(gqattn::dtype_size(s.dtype));
+  if (p.kv_cache) {
+    append(line, ", \"kv_cache\": true, \"page_size\": %lld", (long long)p.kv_page_size);
+    if (paged)
+      append(line, ", \"pages_per_seq\": %lld, \"num_pages\": %lld",
+             (long long)layout.pages_per_seq, (long long)layout.num_pages);
+    append(line, ", \"batch_invariant\": %s, \"check_offsets\": false",
+           s.batch_invariant ? "true" : "false");
+    append(line, ", \"seqlens_k\": [");
+    for (std::size_t b = 0; b < c.lens_k.size(); ++b)
+      append(line, "%s%d", b ? ", " : "", c.lens_k[b]);
+    append(line, "], \"keys_read\": %.0f, \"kv_bytes\": %.0f, \"bytes\": %.0f", kv_keys_read(c),
+           kv_bytes, moved_bytes);
+  }
 
   const std::size_t elem = gqattn::dtype_size(s.dtype);
   const std::size_t q_elems = std::size_t(rows_q * p.H * p.d);
   const std::size_t kv_elems = std::size_t(rows_k * p.Hkv * p.d);
   const std::size_t lse_bytes = std::size_t(p.H * rows_q) * sizeof(float);
-  const std::size_t set_bytes =
-      (4 * q_elems + 2 * kv_elems) * elem + lse_bytes + (q_elems + 2 * kv_elems) * elem;
-  const int sets =
-      int(std::clamp<std::size_t>((kRotateBytes + set_bytes - 1) / set_bytes, 1, kMaxSets));
+  // A KV-cache call is forward only: q, the caches, o and lse.
+  const std::size_t set_bytes = p.kv_cache ? (2 * q_elems + 2 * kv_elems) * elem + lse_bytes
+                                           : (4 * q_elems + 2 * kv_elems) * elem + lse_bytes +
+                                                 (q_elems + 2 * kv_elems) * elem;
+  const int sets = int(std::clamp<std::size_t>((kRotateBytes + set_bytes - 1) / set_bytes, 1,
+                                               p.kv_cache ? kMaxKvSets : kMaxSets));
 
+  // --kv-cache: a random block, repeated (kPatternElems says why).
+  const auto random_count = [&](std::size_t elems) {
+    return p.kv_cache ? std::min(elems, kPatternElems) : elems;
+  };
   std::mt19937 rng(kSeed);
-  const std::vector<uint16_t> hq = random_16bit(q_elems, s.dtype, rng);
-  const std::vector<uint16_t> hk = random_16bit(kv_elems, s.dtype, rng);
-  const std::vector<uint16_t> hv = random_16bit(kv_elems, s.dtype, rng);
-  const std::vector<uint16_t> hdo = random_16bit(q_elems, s.dtype, rng);
+  const std::vector<uint16_t> hq = random_16bit(random_count(q_elems), s.dtype, rng);
+  const std::vector<uint16_t> hk = random_16bit(random_count(kv_elems), s.dtype, rng);
+  const std::vector<uint16_t> hv = random_16bit(random_count(kv_elems), s.dtype, rng);
+  const std::vector<uint16_t> hdo = random_16bit(p.kv_cache ? 0 : q_elems, s.dtype, rng);
   std::vector<Set> all(static_cast<std::size_t>(sets));
   for (Set& set : all) {
     set.q = device_alloc(q_elems * elem);
@@ -343,15 +509,15 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
     set.v = device_alloc(kv_elems * elem);
     set.o = device_alloc(q_elems * elem);
     set.lse = device_alloc(lse_bytes);
+    upload_repeated(set.q, hq, q_elems, "upload q");
+    upload_repeated(set.k, hk, kv_elems, "upload k");
+    upload_repeated(set.v, hv, kv_elems, "upload v");
+    if (p.kv_cache) continue;
     set.dout = device_alloc(q_elems * elem);
     set.dq = device_alloc(q_elems * elem);
     set.dk = device_alloc(kv_elems * elem);
     set.dv = device_alloc(kv_elems * elem);
-    check(cudaMemcpy(set.q.data, hq.data(), q_elems * elem, cudaMemcpyHostToDevice), "upload q");
-    check(cudaMemcpy(set.k.data, hk.data(), kv_elems * elem, cudaMemcpyHostToDevice), "upload k");
-    check(cudaMemcpy(set.v.data, hv.data(), kv_elems * elem, cudaMemcpyHostToDevice), "upload v");
-    check(cudaMemcpy(set.dout.data, hdo.data(), q_elems * elem, cudaMemcpyHostToDevice),
-          "upload do");
+    upload_repeated(set.dout, hdo, q_elems, "upload do");
   }
 
   const auto cuda = gqattn::Device::cuda;
@@ -380,16 +546,47 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
     offsets.cu_seqlens_q = {static_cast<const int32_t*>(cu_q_dev.data), cuda, int64_t(cu_q.size())};
     offsets.cu_seqlens_k = {static_cast<const int32_t*>(cu_k_dev.data), cuda, int64_t(cu_k.size())};
   }
+  // The KV cache's int32 vectors, on the device, shared by every set.
+  DeviceTensor seqlens_dev, table_dev;
+  gqattn::KvCache cache_of_set;  // k and v filled in per set
+  if (p.kv_cache) {
+    seqlens_dev = device_alloc(c.lens_k.size() * sizeof(int32_t));
+    check(cudaMemcpy(seqlens_dev.data, c.lens_k.data(), seqlens_dev.bytes, cudaMemcpyHostToDevice),
+          "upload cache_seqlens");
+    cache_of_set.seqlens = {static_cast<const int32_t*>(seqlens_dev.data), cuda, p.B};
+    if (paged) {
+      table_dev = device_alloc(layout.block_table.size() * sizeof(int32_t));
+      check(cudaMemcpy(table_dev.data, layout.block_table.data(), table_dev.bytes,
+                       cudaMemcpyHostToDevice),
+            "upload block_table");
+      cache_of_set.block_table = {static_cast<const int32_t*>(table_dev.data), cuda,
+                                  int64_t(layout.block_table.size())};
+      cache_of_set.pages_per_seq = layout.pages_per_seq;
+    }
+  }
+  auto ref_cache = [&](void* data) {
+    return paged ? gqattn::contiguous(data, s.dtype, cuda, layout.num_pages, p.kv_page_size, p.Hkv,
+                                      p.d)
+                 : gqattn::contiguous(data, s.dtype, cuda, p.B, p.Tk, p.Hkv, p.d);
+  };
   gqattn::Options options;
   options.backend = s.backend;
   options.stream = stream;
   options.deterministic = s.deterministic;
-  options.check_offsets = false;  // --varlen: no host read per call
+  options.batch_invariant = s.batch_invariant;
+  options.check_offsets = false;  // --varlen, --kv-cache: no host read per call
   const gqattn::Explanation forward_plan =
       gqattn::explain(p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::forward, options);
   if (forward_plan.supported) append_text(line, "fwd_plan", forward_plan.plan);
   auto forward = [&](const Set& x) {
-    if (p.varlen)
+    if (p.kv_cache) {
+      gqattn::KvCache cache = cache_of_set;
+      cache.k = ref_cache(x.k.data);
+      cache.v = ref_cache(x.v.data);
+      gqattn::forward_with_kv_cache(p, cache, ref_q(x.q.data), gqattn::TensorRef{},
+                                    gqattn::TensorRef{}, ref_q(x.o.data), ref_lse(x.lse.data),
+                                    options);
+    } else if (p.varlen)
       gqattn::forward(p, offsets, ref_q(x.q.data), ref_kv(x.k.data), ref_kv(x.v.data),
                       ref_q(x.o.data), ref_lse(x.lse.data), options);
     else
@@ -535,11 +732,16 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
            ", \"sets\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
            "\"fwd_wall_s\": [%.3f, %.3f]",
            sets, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, wall_start, wall_end);
+    if (p.kv_cache) append(line, ", \"tbps\": %.3f", moved_bytes / (fwd_ms * 1e-3) / 1e12);
     append_queueing("fwd");
     append_energy("fwd", fwd_flops);
     append_call_times("fwd");
-    const gqattn::Explanation backward_support = gqattn::explain(
-        p, s.dtype, gqattn::Device::cuda, s.backend, gqattn::Pass::backward, options);
+    gqattn::Explanation backward_support;
+    if (p.kv_cache)
+      backward_support.reason = "a KV-cache call is forward only";
+    else
+      backward_support = gqattn::explain(p, s.dtype, gqattn::Device::cuda, s.backend,
+                                         gqattn::Pass::backward, options);
     if (s.backward && !backward_support.supported) {
       append_text(line, "bwd_skipped", backward_support.reason);
     } else if (s.backward) {
@@ -564,7 +766,7 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
     for (DeviceTensor* t :
          {&set.q, &set.k, &set.v, &set.o, &set.lse, &set.dout, &set.dq, &set.dk, &set.dv})
       check(cudaFree(t->data), "cudaFree");
-  for (DeviceTensor* t : {&cu_q_dev, &cu_k_dev})
+  for (DeviceTensor* t : {&cu_q_dev, &cu_k_dev, &seqlens_dev, &table_dev})
     if (t->data) check(cudaFree(t->data), "cudaFree");
 }
 
@@ -588,6 +790,8 @@ int main(int argc, char** argv) {
       shapes.push_back({parse_shape(value()), {}, {}});
     } else if (arg == "--varlen") {
       shapes.push_back(parse_varlen(value()));
+    } else if (arg == "--kv-cache") {
+      shapes.push_back(parse_kv_cache(value()));
     } else if (arg == "--dtype") {
       const std::string v = value();
       settings.dtype = v == "f16" ? gqattn::DType::f16 : gqattn::DType::bf16;
@@ -606,6 +810,8 @@ int main(int argc, char** argv) {
       settings.backward = false;
     } else if (arg == "--nondeterministic") {
       settings.deterministic = false;
+    } else if (arg == "--batch-invariant") {
+      settings.batch_invariant = true;
     } else if (arg == "--release-workspace") {
       settings.release_workspace = true;
     } else if (arg == "--idle-ms") {
@@ -628,9 +834,11 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: gqattn_bench [--standard] [--shape B,Tq,Tk,H,Hkv,d,causal,window,"
-                   "softcap]... [--varlen LENS,H,Hkv,d,causal,window,softcap]... [--dtype "
+                   "softcap]... [--varlen LENS,H,Hkv,d,causal,window,softcap]... "
+                   "[--kv-cache LENS,Tq,H,Hkv,d,page,causal,window,softcap]... [--dtype "
                    "bf16|f16] [--backend NAME] [--warmup N] [--repeats N] "
-                   "[--no-backward] [--nondeterministic] [--release-workspace] [--idle-ms N] "
+                   "[--no-backward] [--nondeterministic] [--batch-invariant] "
+                   "[--release-workspace] [--idle-ms N] "
                    "[--settle-ms N] [--spin-ahead-us N] [--back-to-back] [--call-times] "
                    "[--force SPEC]\n");
       return 2;
