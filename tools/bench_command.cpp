@@ -1,6 +1,7 @@
 // `gqattn bench`: times each backend that runs one problem on one device
 // (CPU wall clock; on CUDA, events behind a GPU spin) and prints ms, FLOP/s
-// and the ratio to the fastest. Checked by tests/cpu/test_cli_bench.cpp.
+// and the ratio to the fastest. Its flags and help text are in
+// command_line.cpp. Checked by tests/cpu/test_cli_bench.cpp.
 #include "bench_command.hpp"
 
 #include <algorithm>
@@ -9,8 +10,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,53 +30,9 @@
 namespace gqattn_cli {
 namespace {
 
-const char* kBenchUsage = R"(usage: gqattn bench [flags]
-Times each backend that runs the problem on one device and prints, per
-backend, the forward and backward time per call, the rate (TFLOP/s on CUDA,
-GFLOP/s on the CPU) and the time relative to the fastest backend shown.
-FLOPs: forward 4 * d * H * B * kept pairs (the (query, key) pairs the mask
-keeps per batch and head, Problem::kept_pairs(); summed over the sequences
-of a varlen batch), backward 2.5x that.
-Method: random normal inputs (mean 0.5, never zeros), warm-up calls, then
-timed calls; the median is printed. On the CPU, wall clock per call
-(steady_clock). On CUDA, CUDA events around each call on a private stream
-with a GPU spin queued ahead of every timed call, so that the host's launch
-time stays out; the inputs are copied into up to 16 sets of 256 MiB in all,
-more than the L2 cache, rotated between calls. A varlen batch's offsets are
-checked on the first call and not again (Options::check_offsets off, as a
-training step under a CUDA graph runs).
-Backends that cannot run the problem are listed as skipped, with the reason
-gqattn explain gives; a backend named by --backend that cannot run it is a
-usage error (exit 2).
-  --backend B    a backend (cpu, cpu-flash, cuda-unfused, cuda-flash,
-                 cuda-hopper), auto (the one auto picks), or all: every
-                 backend that runs the problem on the device   (all)
-  --device D     cpu (backends cpu, cpu-flash) or cuda (the cuda-* backends)
-                 (cuda if a CUDA device is usable, else cpu; a named
-                 backend's own device)
-  --repeats N    timed calls per pass                   (20)
-  --warmup N     untimed calls per pass before them     (3)
-  --forward-only time the forward only
-  --json         one JSON object on stdout instead of the table; progress
-                 ("timing <backend> ...") goes to stderr either way
-Takes check's problem flags below (and --dtype, --seed); --no-check-offsets
-is accepted and changes nothing (bench checks a varlen batch's offsets once).
-
-)";
-
-const char* kBenchExamples = R"(examples:
-  gqattn bench
-  gqattn bench --B 4 --T 4096 --H 32 --Hkv 8 --d 128 --window 0 --softcap 0
-  gqattn bench --device cpu --T 512 --repeats 5
-  gqattn bench --backend cuda-flash --json
-)";
-
 constexpr double kFlopsPerPairPerDim = 4.0;  // QK^T and PV: 2 FLOPs per multiply-add each
 constexpr double kBackwardFlopFactor = 2.5;  // as gqattn_bench and docs/performance.md count
 constexpr float kBenchInputMean = 0.5f;
-constexpr int kBenchDefaultRepeats = 20;
-constexpr int kBenchDefaultWarmup = 3;
-constexpr int64_t kBenchMaxCalls = 1000000;
 // CUDA: the spin queued ahead of each timed call (a gqattn call takes the
 // host 0.01-0.07 ms to queue, docs/performance.md; calls the host queued
 // slower than this are counted and reported), and the input sets rotated
@@ -81,43 +40,6 @@ constexpr int64_t kBenchMaxCalls = 1000000;
 constexpr int kSpinAheadUs = 500;
 constexpr std::size_t kRotateBytes = std::size_t(256) << 20;
 constexpr int kMaxSets = 16;
-
-struct BenchArgs {
-  CheckArgs c;
-  std::string device;  // "cpu", "cuda", or "" (the default)
-  int repeats = kBenchDefaultRepeats;
-  int warmup = kBenchDefaultWarmup;
-};
-
-// bench's own flags; the rest go to check's parser.
-BenchArgs parse_bench(const std::vector<std::string>& args) {
-  BenchArgs b;
-  std::vector<std::string> rest;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    const std::size_t eq = arg.find('=');
-    const std::string flag = arg.substr(0, eq);
-    if (flag != "--device" && flag != "--repeats" && flag != "--warmup") {
-      rest.push_back(arg);
-      continue;
-    }
-    const std::string value = flag_value(args, i, eq);
-    if (flag == "--device") {
-      if (value != "cpu" && value != "cuda")
-        throw UsageError{"--device must be cpu or cuda, got '" + value + "'"};
-      b.device = value;
-    } else {
-      const int64_t n = parse_int(flag, value);
-      const int64_t least = flag == "--repeats" ? 1 : 0;
-      if (n < least || n > kBenchMaxCalls)
-        throw UsageError{flag + " must be in [" + std::to_string(least) + ", " +
-                         std::to_string(kBenchMaxCalls) + "], got " + value};
-      (flag == "--repeats" ? b.repeats : b.warmup) = int(n);
-    }
-  }
-  b.c = parse_check(rest);
-  return b;
-}
 
 // (query, key) pairs the mask keeps in one head, over the whole batch:
 // B x Problem::kept_pairs(), or for a varlen batch the sum over its
@@ -220,15 +142,7 @@ bool cpu_backend(gqattn::Backend b) {
 
 }  // namespace
 
-int run_bench(const std::vector<std::string>& args) {
-  if (wants_help(args)) {
-    std::fputs(kBenchUsage, stdout);
-    std::fputs(kFlags, stdout);
-    std::fputs(kBenchExamples, stdout);
-    return 0;
-  }
-  const BenchArgs a = parse_bench(args);
-  const CheckArgs& c = a.c;
+int run_bench(const CheckArgs& c, const BenchArgs& a) {
   const gqattn::Problem& p = c.problem;
 
   // Problem errors (H % Hkv, window < 0, ...) and lengths that do not fit

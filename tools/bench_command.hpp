@@ -1,13 +1,14 @@
-// `gqattn bench` (bench_command.cpp).
+// `gqattn bench` (bench_command.cpp); its flags are parsed by
+// command_line.cpp.
 #pragma once
 
-#include <string>
-#include <vector>
+#include "cli_args.hpp"
 
 namespace gqattn_cli {
 
-// Runs `gqattn bench` with the arguments after the command: 0 ok, 2 usage
-// (UsageError thrown), 3 runtime error.
-int run_bench(const std::vector<std::string>& args);
+// Times the problem `c` on the backends it names, as `b` says: 0 ok; a
+// problem or backend that cannot run throws UsageError or gqattn::Error
+// (exit 2); a failure while running returns kExitRuntime.
+int run_bench(const CheckArgs& c, const BenchArgs& b);
 
 }  // namespace gqattn_cli

@@ -1,8 +1,9 @@
-// The CUDA side of `gqattn bench` (tools/main.cpp): device memory, a private
-// stream, and CUDA events around each timed call with a GPU spin queued
-// ahead of it. Built only where the tool is built with CUDA (tools/
-// CMakeLists.txt defines GQATTN_WITH_CUDA for it then); main.cpp includes
-// this behind that definition, so that a CPU-only build needs none of it.
+// The CUDA side of `gqattn bench` (tools/bench_command.cpp): device memory, a
+// private stream, and CUDA events around each timed call with a GPU spin
+// queued ahead of it. Built only where the tool is built with CUDA (tools/
+// CMakeLists.txt defines GQATTN_WITH_CUDA for it then); bench_command.cpp
+// includes this behind that definition, so that a CPU-only build needs none
+// of it.
 //
 // Why the spin: every timed call follows a synchronisation, so without it
 // the start event fires on an idle stream at once and the host's time to

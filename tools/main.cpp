@@ -9,23 +9,14 @@
 // object), and check's and bench's progress ("checking <backend> ...",
 // "timing <backend> ...") always goes to stderr.
 // Usage errors print one line and exit 2; a failed check exits 1; a runtime
-// failure (out of memory, a CUDA error) exits 3. The shared flag parsing
-// and JSON writer live in cli_args.hpp, `bench` in bench_command.cpp.
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
+// failure (out of memory, a CUDA error) exits 3. The command line is parsed
+// by command_line.cpp (CLI11), which also holds the help texts; the shared
+// argument structs and the JSON writer live in cli_args.hpp, `bench` in
+// bench_command.cpp. Checked by the Cli tests (tests/CMakeLists.txt) and
+// tests/cpu/test_cli_bench.cpp.
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
-#include <functional>
-#include <memory>
-#include <random>
-#include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gqattn/attention.hpp"
@@ -34,66 +25,11 @@
 
 #include "bench_command.hpp"
 #include "cli_args.hpp"
+#include "command_line.hpp"
 
 namespace {
 
 using namespace gqattn_cli;  // the tool's shared pieces (cli_args.hpp)
-
-const char* kHelp = R"(gqattn: exact attention with grouped-query heads, causal and sliding-window
-masks and logit soft-capping, forward and backward, on the CPU and NVIDIA GPUs.
-
-usage:
-  gqattn check [flags]   run forward and backward on random inputs and compare every
-                         output (o, lse, dq, dk, dv) with the f64 oracle; exit 1 on a failure
-  gqattn info [--json]   build configuration, CUDA devices, backends and why not
-  gqattn explain [flags] for each backend (and auto): whether it runs the problem's
-                         forward and backward, the plan it would run (tile, score
-                         mode, splits, dQ path, workspace), or why not; runs nothing.
-                         Takes check's problem flags, --dtype, --backend,
-                         --forward-only and --json
-  gqattn bench [flags]   time each backend that runs the problem on one device:
-                         forward and backward ms, TFLOP/s (GFLOP/s on the CPU)
-                         and the ratio to the fastest; see gqattn bench --help
-  gqattn --version       the version (also: gqattn version)
-  gqattn --help          this text (also: gqattn <command> --help)
-
-exit status: 0 ok, 1 a failed check, 2 a usage error, 3 a runtime failure
-(out of memory, a CUDA error).
-
-)";
-
-const char* kExamples = R"(examples:
-  gqattn check
-  gqattn check --backend cpu --dtype f32 --T 1000 --window 0
-  gqattn check --B 1 --Tq 7 --Tk 300 --H 16 --Hkv 1 --d 128 --causal 0
-  gqattn check --json --backend=cpu --dtype=f32 --T=64
-  gqattn check --backend cpu --varlen --B 6 --Tq 40 --Tk 70 --seqused-k random
-  gqattn check --backend cpu --seqlens-q 5,0,1,17 --seqlens-k 5,3,1,23 --q-start -3
-  gqattn explain --B 8 --Tq 1 --Tk 8192 --H 32 --Hkv 8 --d 128 --causal 0 --window 0 --softcap 0
-)";
-
-const char* kCheckUsage = R"(usage: gqattn check [flags]
-Runs forward and backward on random inputs on each backend and compares every
-output (o, lse, dq, dk, dv) with the f64 oracle; exits 1 on a failure.
-
-)";
-
-const char* kExplainUsage = R"(usage: gqattn explain [flags]
-For each backend (and auto): whether it runs the problem's forward and backward,
-the plan it would run (tile, score mode, splits, dQ path, workspace), or why
-not; runs nothing. Takes check's problem flags (--varlen and --q-start
-included; the varlen lengths are accepted and ignored, a plan does not depend
-on them), --dtype, --backend, --forward-only and --json (--seed is accepted
-and ignored).
-
-)";
-
-const char* kInfoUsage = R"(usage: gqattn info [--json]
-Prints the build configuration (version, CUDA runtime and architectures), the
-visible CUDA devices, and each backend: available, or why not.
-  --json   one JSON object on stdout instead of the text
-  --help   this text
-)";
 
 void print_report(const gqattn::check::Report& r) {
   const char* name = gqattn::backend_name(r.backend);
@@ -138,14 +74,7 @@ void print_report_json(const gqattn::check::Report& r, const std::string& proble
   std::fflush(stdout);
 }
 
-int run_check(const std::vector<std::string>& args) {
-  if (wants_help(args)) {
-    std::fputs(kCheckUsage, stdout);
-    std::fputs(kFlags, stdout);
-    std::fputs(kExamples, stdout);
-    return 0;
-  }
-  const CheckArgs c = parse_check(args);
+int run_check(const CheckArgs& c) {
   const gqattn::Problem& p = c.problem;
   // Lengths that do not fit the problem are a usage error (gqattn::Error,
   // exit 2), reported before any work.
@@ -222,14 +151,7 @@ int run_check(const std::vector<std::string>& args) {
 }
 
 // One line per backend and pass: the plan it would run, or why not.
-int run_explain(const std::vector<std::string>& args) {
-  if (wants_help(args)) {
-    std::fputs(kExplainUsage, stdout);
-    std::fputs(kFlags, stdout);
-    std::fputs(kExamples, stdout);
-    return 0;
-  }
-  const CheckArgs c = parse_check(args);
+int run_explain(const CheckArgs& c) {
   std::vector<gqattn::Backend> backends;
   if (c.backend == "all") {
     backends = gqattn::all_backends();
@@ -281,16 +203,7 @@ int run_explain(const std::vector<std::string>& args) {
   return 0;
 }
 
-int run_info(const std::vector<std::string>& args) {
-  if (wants_help(args)) {
-    std::fputs(kInfoUsage, stdout);
-    return 0;
-  }
-  bool json = false;
-  for (const auto& a : args) {
-    if (a != "--json") throw UsageError{"info takes only --json and --help, got '" + a + "'"};
-    json = true;
-  }
+int run_info(bool json) {
   const gqattn::BuildInfo build = gqattn::build_info();
   std::string why_none;
   const auto devices = gqattn::cuda_devices(&why_none);
@@ -346,27 +259,16 @@ int run_info(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-      std::fputs(kHelp, stdout);
-      std::fputs(kFlags, stdout);
-      std::fputs(kExamples, stdout);
-      return args.empty() ? kExitUsage : 0;
+    const CommandLine line = parse_command_line(argc, argv);
+    switch (line.command) {
+      case Command::none: return line.exit_status;  // help or the version
+      case Command::check: return run_check(line.check);
+      case Command::explain: return run_explain(line.check);
+      case Command::info: return run_info(line.check.json);
+      case Command::bench: return run_bench(line.check, line.bench);
     }
-    const std::string command = args[0];
-    args.erase(args.begin());
-    if (command == "--version" || command == "-V" || command == "version") {
-      if (!args.empty()) throw UsageError{command + " takes no arguments"};
-      std::printf("gqattn %s\n", gqattn::build_info().version.c_str());
-      return 0;
-    }
-    if (command == "check") return run_check(args);
-    if (command == "explain") return run_explain(args);
-    if (command == "info") return run_info(args);
-    if (command == "bench") return run_bench(args);
-    throw UsageError{"unknown command '" + command +
-                     "' (commands: check, explain, info, bench, version; see --help)"};
+    return kExitUsage;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gqattn: %s\n", e.message.c_str());
     return kExitUsage;
