@@ -13,9 +13,22 @@
 // forced), whose combine kernel is a programmatic dependent launch too
 // (a programmatic dependent launch). Skips, saying why,
 // where a backend cannot run the problem.
+//
+// GraphCaptureKvCache: a KV-cache decoding step (forward_with_kv_cache, a
+// paged cache of 16-key pages, Tq = 1, one new key appended) on each fused
+// backend, its int32 vectors read on the device (Options::check_offsets =
+// false: no host copy to break the capture), captured and replayed: each
+// replay gives the eager bits of the inputs the buffers hold then (the
+// cache, q, the new key and value, cache_seqlens and block_table all change
+// between replays) and leaves the new key and value in the slot after each
+// sequence's cached keys, the rest of the cache untouched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -150,14 +163,15 @@ void expect_same_bits(const Outputs& got, const Outputs& want, const char* what)
   }
 }
 
-// A captured graph, instantiated; ends a capture left open by a throw.
+// A captured graph of what `work` launches on `stream`, instantiated; ends
+// a capture left open by a throw.
 class CapturedGraph {
  public:
-  CapturedGraph(cudaStream_t stream, cudaStreamCaptureMode mode, const Buffers& buffers,
-                const gqattn::Options& options) {
+  CapturedGraph(cudaStream_t stream, cudaStreamCaptureMode mode,
+                const std::function<void()>& work) {
     gqattn::test::cuda_ok(cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture");
     try {
-      buffers.run(options);
+      work();
     } catch (...) {
       cudaGraph_t broken = nullptr;
       (void)cudaStreamEndCapture(stream, &broken);
@@ -215,7 +229,7 @@ TEST_P(GraphCapture, ReplaysGiveTheEagerBitsOfTheCurrentInputs) {
       << "the two input sets must give different gradients, or a stale replay would pass";
 
   buffers.load(first);
-  const CapturedGraph graph(stream.get(), c.mode, buffers, options);
+  const CapturedGraph graph(stream.get(), c.mode, [&] { buffers.run(options); });
   graph.replay(stream.get());
   expect_same_bits(buffers.download(), eager_first, "first replay, first inputs");
   buffers.load(second);
@@ -239,6 +253,230 @@ INSTANTIATE_TEST_SUITE_P(
         CaptureCase{"unfused_global", Backend::CudaUnfused, "", cudaStreamCaptureModeGlobal},
         CaptureCase{"unfused_relaxed", Backend::CudaUnfused, "", cudaStreamCaptureModeRelaxed}),
     case_name);
+
+// ---- a KV-cache decoding step ----------------------------------------------------
+
+struct KvCaptureCase {
+  const char* name;
+  Backend backend;
+  cudaStreamCaptureMode mode;
+  bool batch_invariant = false;
+};
+
+std::string kv_case_name(const ::testing::TestParamInfo<KvCaptureCase>& info) {
+  return info.param.name;
+}
+
+constexpr int64_t kKvPage = 16;
+constexpr int64_t kKvPagesPerSeq = 125;                   // capacity 2000 keys
+constexpr int64_t kKvPoolPages = 3 * kKvPagesPerSeq + 5;  // 5 pages nobody uses
+
+// Three sequences of one query over a paged cache, GQA 8/2, d 128.
+Problem kv_decoding_problem() {
+  Problem p;
+  p.B = 3;
+  p.Tq = 1;
+  p.Tk = kKvPage * kKvPagesPerSeq;
+  p.H = 8;
+  p.Hkv = 2;
+  p.d = 128;
+  p.causal = true;
+  p.kv_cache = true;
+  p.kv_page_size = kKvPage;
+  return p;
+}
+
+// One step's inputs: bf16 bits, and the cache's int32 vectors (one new key
+// per sequence).
+struct KvStep {
+  std::vector<uint16_t> k_cache, v_cache, q, k_new, v_new;
+  std::vector<int32_t> seqlens, table;
+};
+
+KvStep kv_step(const Problem& p, const std::vector<int32_t>& seqlens, uint64_t seed) {
+  KvStep s;
+  const int64_t cache_n = kKvPoolPages * kKvPage * p.Hkv * p.d;
+  s.k_cache = gqattn::test::random_bf16(cache_n, seed);
+  s.v_cache = gqattn::test::random_bf16(cache_n, seed + 1);
+  s.q = gqattn::test::random_bf16(p.B * p.Tq * p.H * p.d, seed + 2);
+  s.k_new = gqattn::test::random_bf16(p.B * p.Hkv * p.d, seed + 3);
+  s.v_new = gqattn::test::random_bf16(p.B * p.Hkv * p.d, seed + 4);
+  std::vector<int32_t> pages(static_cast<std::size_t>(kKvPoolPages));
+  std::iota(pages.begin(), pages.end(), 0);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::shuffle(pages.begin(), pages.end(), rng);
+  s.table.assign(pages.begin(), pages.begin() + p.B * kKvPagesPerSeq);
+  s.seqlens = seqlens;
+  return s;
+}
+
+// The cache after the step: sequence b's new key and value in its slot
+// seqlens[b], every other element as before.
+void appended(const Problem& p, const KvStep& s, std::vector<uint16_t>& k,
+              std::vector<uint16_t>& v) {
+  k = s.k_cache;
+  v = s.v_cache;
+  const int64_t row = p.Hkv * p.d;  // one slot
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t pos = s.seqlens[static_cast<std::size_t>(b)];
+    const int64_t page = s.table[static_cast<std::size_t>(b * kKvPagesPerSeq + pos / kKvPage)];
+    const int64_t at = (page * kKvPage + pos % kKvPage) * row;
+    std::copy_n(s.k_new.begin() + b * row, row, k.begin() + at);
+    std::copy_n(s.v_new.begin() + b * row, row, v.begin() + at);
+  }
+}
+
+struct KvOutputs {
+  std::vector<uint16_t> o, k_cache, v_cache;
+  std::vector<uint32_t> lse;
+};
+
+// Packed device tensors of one step.
+struct KvBuffers {
+  explicit KvBuffers(const Problem& p)
+      : problem(p),
+        k_cache(bytes16(kKvPoolPages * kKvPage * p.Hkv * p.d)),
+        v_cache(bytes16(kKvPoolPages * kKvPage * p.Hkv * p.d)),
+        q(bytes16(p.B * p.Tq * p.H * p.d)),
+        k_new(bytes16(p.B * p.Hkv * p.d)),
+        v_new(bytes16(p.B * p.Hkv * p.d)),
+        o(bytes16(p.B * p.Tq * p.H * p.d)),
+        lse(static_cast<std::size_t>(p.B * p.H * p.Tq) * sizeof(float)),
+        seqlens(static_cast<std::size_t>(p.B) * sizeof(int32_t)),
+        table(static_cast<std::size_t>(p.B * kKvPagesPerSeq) * sizeof(int32_t)) {}
+
+  static std::size_t bytes16(int64_t n) { return static_cast<std::size_t>(n) * 2; }
+
+  // New inputs and poisoned outputs, complete before the caller's stream
+  // (non-blocking) runs anything.
+  void load(const KvStep& s) {
+    k_cache.upload(s.k_cache);
+    v_cache.upload(s.v_cache);
+    q.upload(s.q);
+    k_new.upload(s.k_new);
+    v_new.upload(s.v_new);
+    seqlens.upload(s.seqlens);
+    table.upload(s.table);
+    o.poison();
+    lse.poison();
+    gqattn::test::device_synchronize();
+  }
+
+  static gqattn::OffsetsRef ints(const gqattn::test::DeviceBuffer& b) {
+    gqattn::OffsetsRef r;
+    r.data = static_cast<const int32_t*>(b.get());
+    r.device = gqattn::Device::cuda;
+    r.size = static_cast<int64_t>(b.bytes() / sizeof(int32_t));
+    return r;
+  }
+
+  void run(const gqattn::Options& options) const {
+    const Problem& p = problem;
+    const DType t = DType::bf16;
+    const gqattn::Device cuda = gqattn::Device::cuda;
+    gqattn::KvCache cache;
+    cache.k = gqattn::contiguous(k_cache.get(), t, cuda, kKvPoolPages, kKvPage, p.Hkv, p.d);
+    cache.v = gqattn::contiguous(v_cache.get(), t, cuda, kKvPoolPages, kKvPage, p.Hkv, p.d);
+    cache.seqlens = ints(seqlens);
+    cache.block_table = ints(table);
+    cache.pages_per_seq = kKvPagesPerSeq;
+    gqattn::forward_with_kv_cache(
+        p, cache, gqattn::contiguous(q.get(), t, cuda, p.B, p.Tq, p.H, p.d),
+        gqattn::contiguous(k_new.get(), t, cuda, p.B, 1, p.Hkv, p.d),
+        gqattn::contiguous(v_new.get(), t, cuda, p.B, 1, p.Hkv, p.d),
+        gqattn::contiguous(o.get(), t, cuda, p.B, p.Tq, p.H, p.d),
+        gqattn::contiguous(lse.get(), DType::f32, cuda, p.B, p.H, p.Tq), options);
+  }
+
+  KvOutputs download() const {
+    KvOutputs out;
+    out.o = o.download<uint16_t>();
+    out.lse = lse.download<uint32_t>();
+    out.k_cache = k_cache.download<uint16_t>();
+    out.v_cache = v_cache.download<uint16_t>();
+    return out;
+  }
+
+  Problem problem;
+  gqattn::test::DeviceBuffer k_cache, v_cache, q, k_new, v_new, o, lse, seqlens, table;
+};
+
+// An eager step: every output element written (no poison left), the cache
+// as appended() says.
+void expect_written_and_appended(const Problem& p, const KvStep& s, const KvOutputs& got,
+                                 const char* what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(std::count(got.o.begin(), got.o.end(), gqattn::test::kPoisonBits16), 0)
+      << "o elements unwritten";
+  EXPECT_EQ(std::count(got.lse.begin(), got.lse.end(), 0xFFFFFFFFu), 0) << "lse elements unwritten";
+  std::vector<uint16_t> k, v;
+  appended(p, s, k, v);
+  EXPECT_TRUE(got.k_cache == k) << "k_cache: the new key not in its slot, or another slot changed";
+  EXPECT_TRUE(got.v_cache == v)
+      << "v_cache: the new value not in its slot, or another slot changed";
+}
+
+void expect_same_kv_bits(const KvOutputs& got, const KvOutputs& want, const char* what) {
+  SCOPED_TRACE(what);
+  EXPECT_TRUE(got.o == want.o) << "o differs from the eager run";
+  EXPECT_TRUE(got.lse == want.lse) << "lse differs from the eager run";
+  EXPECT_TRUE(got.k_cache == want.k_cache) << "k_cache differs from the eager run's";
+  EXPECT_TRUE(got.v_cache == want.v_cache) << "v_cache differs from the eager run's";
+}
+
+class GraphCaptureKvCache : public ::testing::TestWithParam<KvCaptureCase> {};
+
+TEST_P(GraphCaptureKvCache, ReplaysGiveTheEagerBitsAndAppendTheNewKey) {
+  GQATTN_SKIP_WITHOUT_CUDA();
+  const KvCaptureCase& c = GetParam();
+  const Problem p = kv_decoding_problem();
+  const DType dtype = DType::bf16;
+  const gqattn::Explanation e = gqattn::explain(p, dtype, gqattn::Device::cuda, c.backend);
+  if (!e.supported) GTEST_SKIP() << gqattn::backend_name(c.backend) << ": " << e.reason;
+  // Lengths of a page's first, middle and last slot, and the capacity's last.
+  const KvStep first = kv_step(p, {1504, 37, 1800}, kSeed);
+  const KvStep second = kv_step(p, {1505, 911, 1999}, kSeed + 1);
+  KvBuffers buffers(p);
+  gqattn::test::Stream stream;
+  gqattn::Options options = gqattn::test::options_for(c.backend, stream.get());
+  options.check_offsets = false;
+  options.batch_invariant = c.batch_invariant;
+
+  buffers.load(first);
+  buffers.run(options);
+  stream.synchronize();
+  const KvOutputs eager_first = buffers.download();
+  expect_written_and_appended(p, first, eager_first, "eager, first inputs");
+  buffers.load(second);
+  buffers.run(options);
+  stream.synchronize();
+  const KvOutputs eager_second = buffers.download();
+  expect_written_and_appended(p, second, eager_second, "eager, second inputs");
+  ASSERT_FALSE(eager_first.o == eager_second.o)
+      << "the two input sets must give different outputs, or a stale replay would pass";
+
+  buffers.load(first);
+  const CapturedGraph graph(stream.get(), c.mode, [&] { buffers.run(options); });
+  graph.replay(stream.get());
+  expect_same_kv_bits(buffers.download(), eager_first, "first replay, first inputs");
+  buffers.load(second);
+  graph.replay(stream.get());
+  expect_same_kv_bits(buffers.download(), eager_second, "second replay, second inputs");
+  gqattn::test::cuda_ok(cudaGetLastError(), "after the replays");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FusedBackends, GraphCaptureKvCache,
+    ::testing::Values(
+        KvCaptureCase{"flash_global", Backend::CudaFlash, cudaStreamCaptureModeGlobal},
+        KvCaptureCase{"flash_relaxed", Backend::CudaFlash, cudaStreamCaptureModeRelaxed},
+        KvCaptureCase{"flash_batch_invariant_global", Backend::CudaFlash,
+                      cudaStreamCaptureModeGlobal, true},
+        KvCaptureCase{"hopper_global", Backend::CudaHopper, cudaStreamCaptureModeGlobal},
+        KvCaptureCase{"hopper_relaxed", Backend::CudaHopper, cudaStreamCaptureModeRelaxed},
+        KvCaptureCase{"hopper_batch_invariant_global", Backend::CudaHopper,
+                      cudaStreamCaptureModeGlobal, true}),
+    kv_case_name);
 
 }  // namespace
 
