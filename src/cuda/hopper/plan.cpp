@@ -101,7 +101,7 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
   const fused::ScoreArgs score = fused::score_args(p);
   plan.score_mode = fused::score_mode(score, plan.elem);
   // Varlen: the default tile (its only varlen kernels, kept few), packed
-  // GQA and split-KV by max_seqlen_q (forward/tile_schedule.cuh
+  // GQA by max_seqlen_q (forward/tile_schedule.cuh
   // varlen_tile_coord), no multicast (kCluster 1 only): see
   // docs/decisions/hopper-varlen-forward.md.
   plan.varlen = p.varlen;
@@ -114,9 +114,12 @@ ForwardPlan plan_forward(const Problem& p, DType dtype, const DeviceLimits& devi
   plan.work_tiles =
       forward_blocks(plan.tile.block_m, p.B, plan.tile_heads, p.Tq << plan.pack_shift);
   plan.key_tiles = (p.Tk + plan.tile.block_n - 1) / plan.tile.block_n;
-  plan.splits = force.forward_splits > 0
-                    ? force.forward_splits
-                    : split_kv_rule(plan.work_tiles, plan.key_tiles, device.multiprocessors);
+  // Varlen: no split by the rule, whose count follows B and would make a
+  // sequence's bits depend on its batch (docs/semantics.md, batch
+  // invariance; docs/decisions/hopper-varlen-forward.md).
+  plan.splits = force.forward_splits > 0 ? force.forward_splits
+                : p.varlen               ? 1
+                           : split_kv_rule(plan.work_tiles, plan.key_tiles, device.multiprocessors);
   // Clusters pair the two query heads of a kv head on one query tile: not
   // for split tasks (dealt split by split) nor packed tiles (one kv head
   // each, no partner).

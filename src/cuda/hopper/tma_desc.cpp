@@ -64,8 +64,12 @@ CUtensorMap make_tile_map(const TensorRef& t, int box_rows, const char* name, in
   CUtensorMap map{};
   const CUtensorMapDataType type =
       t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const cuuint64_t dims[kRank] = {cuuint64_t(t.shape[kDimD]), cuuint64_t(t.shape[kDimHead]),
-                                  cuuint64_t(t.shape[kDimT]), cuuint64_t(t.shape[kDimB])};
+  // A varlen batch whose sequences have no queries (or keys) has tensors of
+  // 0 rows, an extent TMA refuses; no tile then loads or stores a row of
+  // them (every sequence's tiles are empty), so 1 row is as good.
+  const cuuint64_t rows = cuuint64_t(t.shape[kDimT] > 0 ? t.shape[kDimT] : 1);
+  const cuuint64_t dims[kRank] = {cuuint64_t(t.shape[kDimD]), cuuint64_t(t.shape[kDimHead]), rows,
+                                  cuuint64_t(t.shape[kDimB])};
   // Strides of dimensions 1..3 (dimension 0 is contiguous).
   const cuuint64_t strides[kRank - 1] = {stride_bytes(t, kDimHead), stride_bytes(t, kDimT),
                                          stride_bytes(t, kDimB)};

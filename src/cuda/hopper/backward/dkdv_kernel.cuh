@@ -212,7 +212,9 @@ __device__ __forceinline__ void dkdv_finish_step_dq_by_turns(
 
 // Run by all 128 threads of consumer warpgroup `wg` (0 or 1): keys
 // [n0 + 64 wg, n0 + 64 wg + 64), all d columns.
-template <int kD, typename Elem, bool kSoftcap, bool kFusedDq>
+// kPoly: the polynomial tanh (bwd_softcap_poly), never in a varlen batch
+// (forward/consumer_mainloop.cuh, kPolyAllowed, says why).
+template <int kD, typename Elem, bool kSoftcap, bool kFusedDq, bool kPoly>
 __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const DkdvWork& w,
                                              const fused::MaskPolicy& mask, uint32_t smem,
                                              const unsigned char* smem_ptr, int wg) {
@@ -280,7 +282,7 @@ __device__ __forceinline__ void dkdv_consume(const BackwardParams& p, const Dkdv
     for (int kk = 0; kk < kStepsD; ++kk)
       ptx::Wgmma<kBM, Elem>::ss(dp[0], k_major<kBN>(v_wg, kk), k_major<kBM>(do_tile, kk), kk > 0);
     ptx::wgmma_commit();
-    p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
+    p_and_dp_minus_d</*kRowsAreKeys=*/true, kSoftcap, kOverlapSdP, kPoly>(
         s, dp, lse2, dsum, p.c.score, mask, wg_key0, warp_key0, m0, lane);
 
     // dV += P^T dO, then dK += dS^T Q (B operands MN-major: N runs along
@@ -424,9 +426,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   ptx::setmaxnreg_inc<kBwdConsumerRegisters>();
   if constexpr (Tile::kSplitGradients) {
     static_assert(!kFusedDq, "no fused dQ with the split by gradient");
-    dkdv_consume_split_grad<kD, Elem, kSoftcap>(p, w, mask, smem, smem_ptr, warpgroup - 1);
+    dkdv_consume_split_grad<kD, Elem, kSoftcap, bwd_softcap_poly(kD) && !kVarlen>(
+        p, w, mask, smem, smem_ptr, warpgroup - 1);
   } else {
-    dkdv_consume<kD, Elem, kSoftcap, kFusedDq>(p, w, mask, smem, smem_ptr, warpgroup - 1);
+    dkdv_consume<kD, Elem, kSoftcap, kFusedDq, bwd_softcap_poly(kD) && !kVarlen>(
+        p, w, mask, smem, smem_ptr, warpgroup - 1);
   }
 #else
   (void)p;

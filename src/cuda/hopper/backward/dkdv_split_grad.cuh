@@ -81,7 +81,8 @@ __device__ __forceinline__ void load_group_f32(uint32_t addr, float (&v)[4]) {
 }
 
 // Run by all 128 threads of consumer warpgroup `wg` (0: dV, 1: dK).
-template <int kD, typename Elem, bool kSoftcap>
+// kPoly: as dkdv_kernel.cuh's dkdv_consume.
+template <int kD, typename Elem, bool kSoftcap, bool kPoly>
 __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p, const DkdvWork& w,
                                                         const fused::MaskPolicy& mask,
                                                         uint32_t smem,
@@ -142,8 +143,8 @@ __device__ __forceinline__ void dkdv_consume_split_grad(const BackwardParams& p,
       // P^T (and the softcap factor), then the hand-over.
       [[maybe_unused]] float factor[kNT][4];
       if constexpr (kSoftcap) {
-        to_softcap_r_tile<bwd_softcap_poly(kD)>(
-            x, p.c.score, [&factor](int nt, int e, float f) { factor[nt][e] = f; });
+        to_softcap_r_tile<kPoly>(x, p.c.score,
+                                 [&factor](int nt, int e, float f) { factor[nt][e] = f; });
         p_from_scores</*kRowsAreKeys=*/true>(x, lse2, -2.0f * p.c.score.mult, mask, w.n0, warp_key0,
                                              m0, lane);
       } else {

@@ -194,8 +194,11 @@ __device__ __forceinline__ void dq_consume(const BackwardParams& p, const DqWork
     for (int kk = 0; kk < kStepsD; ++kk)
       ptx::Wgmma<kBN, Elem>::ss(dp[0], k_major<kBM>(do_wg, kk), k_major<kBN>(v_tile, kk), kk > 0);
     ptx::wgmma_commit();
-    p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP, bwd_softcap_poly(kD)>(
-        s, dp, lse2, dsum, c.score, mask, wg_row0, warp_row0, n0, lane);
+    // No polynomial in a varlen batch: its vote would see the neighbouring
+    // sequences' rows (consumer_mainloop.cuh, kPolyAllowed).
+    p_and_dp_minus_d</*kRowsAreKeys=*/false, kSoftcap, kOverlapSdP,
+                     bwd_softcap_poly(kD) && !kVarlen>(s, dp, lse2, dsum, c.score, mask, wg_row0,
+                                                       warp_row0, n0, lane);
 
 #pragma unroll
     for (int kk = 0; kk < kStepsN; ++kk) ds_to_a<Elem>(dsa[kk], s[0], dp[0], kk);

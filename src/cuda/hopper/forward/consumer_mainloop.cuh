@@ -170,7 +170,11 @@ static_assert(ptx::kFirstNamedBarrier + kMaxConsumerWarpgroups <= ptx::kNamedBar
 // K/V visits of the CTA's earlier work tiles (this tile's visit `it` is the
 // producer's kv_base + it). Returns after every GEMM has retired and every
 // K, V and Q slot of the tile has been released.
-template <class Tile, typename Elem, ScoreMode kScores, int kCluster>
+// kPolyAllowed: false in the varlen kernels. The polynomial tanh is chosen
+// by one vote over the warp tile's logits, and a varlen tile's rows and
+// columns past its sequence hold the neighbouring sequences' (masked
+// later), so the vote, hence a sequence's bits, would depend on its batch.
+template <class Tile, typename Elem, ScoreMode kScores, int kCluster, bool kPolyAllowed = true>
 __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord& tile,
                                         const MaskPolicy& mask, uint32_t smem, int wg, int t,
                                         int kv_base, PingPong<consumer_warpgroups<Tile>()>& pp,
@@ -284,14 +288,16 @@ __device__ __forceinline__ void consume(const ForwardParams& p, const TileCoord&
                           float(&alpha)[kSoftmaxRows]) -> bool {
     const int n0 = (tile.keys.last - it) * kBN;
     if constexpr (kSoftcap && !kRowMax) {  // S becomes v mult
-      if (Tile::kSoftcapPolyAllowed && fused::softcap_poly_applies(s, p.score.poly_bound))
+      if (Tile::kSoftcapPolyAllowed && kPolyAllowed &&
+          fused::softcap_poly_applies(s, p.score.poly_bound))
         fused::softcap_exponents_poly(s, p.score.pre, p.score.poly_exponent);
       else if constexpr (Tile::kTwoMufuSoftcapExponents)
         fused::softcap_exponents(s, p.score.pre, sm.mult);
       else
         fused::apply_softcap_1mufu</*kScaled=*/true>(s, p.score.pre, sm.mult);
     } else if constexpr (kSoftcap) {  // S becomes v
-      if (Tile::kSoftcapPolyAllowed && fused::softcap_poly_applies(s, p.score.poly_bound))
+      if (Tile::kSoftcapPolyAllowed && kPolyAllowed &&
+          fused::softcap_poly_applies(s, p.score.poly_bound))
         fused::softcap_tanh_poly(s, p.score.pre);
       else if constexpr (Tile::kFastSoftcapAllowed)
         fused::apply_softcap_1mufu(s, p.score.pre);
