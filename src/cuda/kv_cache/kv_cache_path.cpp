@@ -6,8 +6,12 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
+#include "cuda/common/cuda_check.hpp"
 #include "cuda/common/device_query.hpp"
 #include "cuda/common/workspace.hpp"
 #include "cuda/fused/problem_args.hpp"
@@ -20,8 +24,33 @@ namespace {
 
 constexpr int kMaxGridYZ = 65535;
 
-Plan plan_for(const Problem& p, const Options& options) {
-  return plan(p, cuda::current_device_limits(8, 0).multiprocessors, options.batch_invariant);
+// Resident CTAs per SM of one attention kernel on the current device,
+// asked once per kernel and device.
+int resident_ctas(const Plan& kernel, bool softcap, fused::ElemType elem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int, bool, fused::ElemType>, int> known;
+  int device = 0;
+  GQATTN_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key = std::make_tuple(device, kernel.d, kernel.warps_m, softcap, elem);
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto at = known.find(key);
+  if (at != known.end()) return at->second;
+  int ctas = 0;
+  switch (kernel.d) {
+    case 64: ctas = resident_ctas_per_sm<64>(kernel.warps_m, softcap, elem); break;
+    case 128: ctas = resident_ctas_per_sm<128>(kernel.warps_m, softcap, elem); break;
+    default: ctas = resident_ctas_per_sm<256>(kernel.warps_m, softcap, elem); break;
+  }
+  return known[key] = ctas;
+}
+
+Plan plan_for(const Problem& p, const Options& options, fused::ElemType elem) {
+  const Plan kernel = plan(p, DeviceShape{}, options.batch_invariant);
+  if (options.batch_invariant) return kernel;
+  DeviceShape device;
+  device.multiprocessors = cuda::current_device_limits(8, 0).multiprocessors;
+  if (device.multiprocessors > 0) device.ctas_per_sm = resident_ctas(kernel, p.softcap > 0, elem);
+  return plan(p, device, false);
 }
 
 }  // namespace
@@ -36,7 +65,8 @@ std::string why_not(const char* backend, const Problem& p, DType dtype, Device d
     return "not supported: " + name +
            "'s KV-cache path needs B, Hkv <= 65535 (got B=" + std::to_string(p.B) +
            ", Hkv=" + std::to_string(p.Hkv) + ")";
-  const Plan worst = plan(p, 0, /*batch_invariant=*/true);  // the most splits either rule takes
+  const Plan worst =
+      plan(p, DeviceShape{}, /*batch_invariant=*/true);  // the most splits either rule takes
   if (worst.m_tiles * std::max<int64_t>(worst.num_splits, kMaxSplits) >
       std::numeric_limits<int>::max())
     return "not supported: " + name + "'s KV-cache path needs at most 2^31-1 thread blocks";
@@ -61,12 +91,15 @@ std::string why_not_cache_tensor(const TensorRef& t, const char* name) {
 }
 
 std::string describe_plan(const Problem& p, const Options& options) {
-  return describe(plan_for(p, options), options.batch_invariant);
+  // bf16 and f16 kernels have the same occupancy.
+  return describe(plan_for(p, options, fused::ElemType::bf16), options.batch_invariant);
 }
 
 void forward(const detail::KvCacheArgs& a) {
   const Problem& problem = a.problem;
-  const Plan plan = plan_for(problem, a.options);
+  const fused::ElemType elem =
+      a.q.dtype == DType::bf16 ? fused::ElemType::bf16 : fused::ElemType::f16;
+  const Plan plan = plan_for(problem, a.options, elem);
   Params p;
   p.q = a.q.data;
   p.o = a.o.data;
@@ -107,8 +140,6 @@ void forward(const detail::KvCacheArgs& a) {
   p.score = fused::score_args(problem);
   p.num_splits = plan.num_splits;
   p.tiles_per_split = plan.tiles_per_split;
-  const fused::ElemType elem =
-      a.q.dtype == DType::bf16 ? fused::ElemType::bf16 : fused::ElemType::f16;
   const auto stream = static_cast<cudaStream_t>(a.options.stream);
   // The partials on the caller's stream, freed there after the combine.
   const cuda::StreamWorkspace workspace(std::size_t(plan.workspace_floats) * sizeof(float), stream);

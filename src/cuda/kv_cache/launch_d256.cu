@@ -5,4 +5,5 @@
 
 namespace gqattn::kv_cache {
 template void launch<256>(const Plan&, const Params&, fused::ElemType, void*);
+template int resident_ctas_per_sm<256>(int, bool, fused::ElemType);
 }  // namespace gqattn::kv_cache

@@ -5,6 +5,7 @@
 
 namespace gqattn::kv_cache {
 template void launch<64>(const Plan&, const Params&, fused::ElemType, void*);
+template int resident_ctas_per_sm<64>(int, bool, fused::ElemType);
 
 const void* any_kernel() {
   return reinterpret_cast<const void*>(attend_kernel<64, __nv_bfloat16, false, 1>);

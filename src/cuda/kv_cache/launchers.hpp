@@ -14,6 +14,11 @@ namespace gqattn::kv_cache {
 template <int kD>
 void launch(const Plan& plan, const Params& p, fused::ElemType elem, void* stream);
 
+// Resident CTAs per SM of the attention kernel of (warps_m, softcap, elem)
+// on the current device (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+template <int kD>
+int resident_ctas_per_sm(int warps_m, bool softcap, fused::ElemType elem);
+
 // The append alone (append_kernel.cuh), in its own translation unit; launch
 // runs it first when p.t_new > 0.
 void launch_append(const Params& p, void* stream);

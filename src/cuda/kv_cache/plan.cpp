@@ -17,13 +17,13 @@ std::size_t smem_bytes(int d, int warps_m) {
   return q + kv + lse;
 }
 
-Plan plan(const Problem& p, int multiprocessors, bool batch_invariant) {
+Plan plan(const Problem& p, DeviceShape device, bool batch_invariant) {
   Plan plan;
   plan.d = fused::kernel_head_dim(p.d);
   const int64_t group = p.H / p.Hkv;
   const int64_t rows = p.Tq * group;
   // Decoding (a few rows): the warps split each key tile; chunks: the rows.
-  plan.warps_m = rows <= kRowsPerWarp ? 1 : kWarps;
+  plan.warps_m = rows <= kRowsPerWarp ? 1 : rows <= 2 * kRowsPerWarp ? 2 : kWarps;
   plan.block_m = plan.warps_m * kRowsPerWarp;
   plan.m_tiles = ceil_div(rows, plan.block_m);
   plan.smem_bytes = smem_bytes(plan.d, plan.warps_m);
@@ -37,11 +37,10 @@ Plan plan(const Problem& p, int multiprocessors, bool batch_invariant) {
   if (batch_invariant) {
     plan.tiles_per_split = kInvariantTilesPerSplit;
     splits = ceil_div(max_tiles, kInvariantTilesPerSplit);
-  } else if (multiprocessors > 0) {
+  } else if (device.multiprocessors > 0 && device.ctas_per_sm > 0) {
     const int64_t ctas = p.B * p.Hkv * plan.m_tiles;
-    const int64_t target = int64_t(multiprocessors) * kTargetCtasPerSm;
-    if (ctas < target)
-      splits = std::min(ceil_div(target, ctas), ceil_div(max_tiles, kMinTilesPerSplit));
+    const int64_t wave = int64_t(device.multiprocessors) * device.ctas_per_sm;
+    if (2 * ctas <= wave) splits = std::min(wave / ctas, ceil_div(max_tiles, kMinTilesPerSplit));
   }
   // The batch-invariant count is not capped: a cap would tie a sequence's
   // split to the capacity of the batch it is served in.
@@ -54,7 +53,10 @@ Plan plan(const Problem& p, int multiprocessors, bool batch_invariant) {
 std::string describe(const Plan& plan, bool batch_invariant) {
   std::string s = "kv-cache split-KV kernel (mma.sync, paged loads): d" + std::to_string(plan.d) +
                   ", " + std::to_string(plan.block_m) + " packed rows per CTA, " +
-                  (plan.warps_m == 1 ? "warps split each key tile" : "warps split the rows") + ", ";
+                  (plan.warps_m == kWarps ? "warps split the rows"
+                   : plan.warps_m == 1    ? "warps split each key tile"
+                                          : "warps split rows and key tiles") +
+                  ", ";
   if (plan.num_splits == 1) return s + "no split";
   s += std::to_string(plan.num_splits) + " splits";
   if (plan.tiles_per_split > 0)

@@ -22,16 +22,23 @@ constexpr int kRowsPerWarp = 16;  // one m16 mma tile
 // Batch-invariant splits: this many key tiles (1024 keys) per split,
 // whatever the batch (Options::batch_invariant).
 constexpr int kInvariantTilesPerSplit = 16;
-// Without it, the splits (at most kMaxSplits) aim for this many CTAs per multiprocessor.
-constexpr int kTargetCtasPerSm = 4;
+// Without it, the splits (at most kMaxSplits) fill one wave of resident
+// CTAs and no more: a second, partial wave would leave SMs idle at its end.
 constexpr int kMaxSplits = 128;
 // ... and keep at least this many key tiles per split, so that the partial
 // results' traffic stays small beside the keys'.
 constexpr int kMinTilesPerSplit = 4;
 
+// What the default split rule needs of the device: 0 where unknown (then no
+// split).
+struct DeviceShape {
+  int multiprocessors = 0;
+  int ctas_per_sm = 0;  // resident CTAs of the plan's kernel per SM (occupancy)
+};
+
 struct Plan {
   int d = 0;        // kernel head dim: 64, 128 or 256
-  int warps_m = 0;  // warps over rows (1: 16 rows, warps split each key tile; 4: 64 rows)
+  int warps_m = 0;  // warps over rows: 16 rows each; the other 4 / warps_m split the key tiles
   int block_m = 0;  // packed rows per CTA
   int64_t m_tiles = 0;
   int num_splits = 1;
@@ -40,9 +47,9 @@ struct Plan {
   std::size_t smem_bytes = 0;
 };
 
-// multiprocessors: the device's (0 when unknown: no split unless the
-// batch-invariant rule asks for them).
-Plan plan(const Problem& p, int multiprocessors, bool batch_invariant);
+// The kernel (d, warps_m) depends on the problem only; the default split
+// also on `device` (unknown: no split). The batch-invariant split ignores it.
+Plan plan(const Problem& p, DeviceShape device, bool batch_invariant);
 
 // Shared memory per CTA of a kernel of head dim d and warps_m warps over rows.
 std::size_t smem_bytes(int d, int warps_m);
