@@ -55,6 +55,8 @@ d128 p16") holds every word of WORDS as one of its words: "p1" is the
 one-key pages, not p16. --quick times a handful of shapes. Stopped early
 (SIGTERM, as `timeout` sends), it writes what it measured with
 "partial": true and exits 3, as side_by_side.py does.
+The whole grid, cuda-flash and the SDPA peers, ran in about 1.5 minutes
+on an H100 (2026-12-05; FlashInfer not installed there).
 Writes DIR/decode.json. Its host-side logic is checked by
 bench/tests/test_bench_decode.py; the timing by running it on the GPU
 machine (scripts/h200-cycle decode).

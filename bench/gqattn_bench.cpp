@@ -732,7 +732,7 @@ void run_shape(const Case& c, const Settings& s, cudaStream_t stream,
            ", \"sets\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
            "\"fwd_wall_s\": [%.3f, %.3f]",
            sets, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, wall_start, wall_end);
-    if (p.kv_cache) append(line, ", \"tbps\": %.3f", moved_bytes / (fwd_ms * 1e-3) / 1e12);
+    if (p.kv_cache) append(line, ", \"tbps\": %.4g", moved_bytes / (fwd_ms * 1e-3) / 1e12);
     append_queueing("fwd");
     append_energy("fwd", fwd_flops);
     append_call_times("fwd");
