@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(forward_threads<Tile>(), 1)
     }
     const int t = kVarlen ? loaded++ : k;
     ConsumerResult<kD> result;
-    consume<Tile, Elem, kScores, kCluster, !kVarlen>(p, tile, tile_mask, smem, wg, t, kv_base, pp, result);
+    consume<Tile, Elem, kScores, kCluster, !kVarlen>(p, tile, tile_mask, smem, wg, t, kv_base, pp,
+                                                     result);
     store_output<Tile, Elem, kScores>(p, tile, tile_mask.tq, mask.tq, wg, result, smem);
     kv_base += max(0, tile.keys.last - tile.keys.first + 1);
   }
