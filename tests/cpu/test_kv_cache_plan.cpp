@@ -48,7 +48,7 @@ TEST(KvCachePlan, ChunksSpreadTheirRowsOverTheWarps) {
   EXPECT_EQ(kv::plan(cache_problem(1, 1, 4096, 32, 1, 64), kH200, false).block_m, 32);
 }
 
-TEST(KvCachePlan, DefaultSplitsFillOneWaveAndStopWhenTheBatchDoes) {
+TEST(KvCachePlan, DefaultSplitsFillOneWaveOrRunInFixedLengths) {
   // B1 Hkv 8: 8 CTAs; one wave is 132 * 3 = 396, so 49 splits of the 512
   // key tiles (~11 tiles each), 392 CTAs.
   const kv::Plan one = kv::plan(cache_problem(1, 1, 32768, 32, 8, 128), kH200, false);
@@ -57,12 +57,18 @@ TEST(KvCachePlan, DefaultSplitsFillOneWaveAndStopWhenTheBatchDoes) {
   EXPECT_EQ(one.workspace_floats, int64_t(49) * 1 * 32 * 1 * (128 + 1));
   // B8: 64 CTAs, 6 splits (384 CTAs: 7 would spill into a second wave).
   EXPECT_EQ(kv::plan(cache_problem(8, 1, 8192, 32, 8, 128), kH200, false).num_splits, 6);
-  // B32: 256 CTAs are more than half a wave: no split.
-  EXPECT_EQ(kv::plan(cache_problem(32, 1, 8192, 32, 8, 128), kH200, false).num_splits, 1);
-  // B128 Hkv 8: 1024 CTAs already fill it.
+  // B32: 256 CTAs are more than half a wave: runs of 1024 keys, 8 of 8k.
+  const kv::Plan b32 = kv::plan(cache_problem(32, 1, 8192, 32, 8, 128), kH200, false);
+  EXPECT_EQ(b32.num_splits, 8);
+  EXPECT_EQ(b32.tiles_per_split, kv::kInvariantTilesPerSplit);
+  // B128 Hkv 8: 1024 CTAs already fill it: runs of 1024 keys too, 32 of 32k.
   const kv::Plan full = kv::plan(cache_problem(128, 1, 32768, 32, 8, 128), kH200, false);
-  EXPECT_EQ(full.num_splits, 1);
-  EXPECT_EQ(full.workspace_floats, 0);
+  EXPECT_EQ(full.num_splits, 32);
+  EXPECT_EQ(full.tiles_per_split, kv::kInvariantTilesPerSplit);
+  // ... but not 2048 keys or fewer (32 tiles): no split.
+  const kv::Plan short_cache = kv::plan(cache_problem(128, 1, 2048, 32, 8, 128), kH200, false);
+  EXPECT_EQ(short_cache.num_splits, 1);
+  EXPECT_EQ(short_cache.workspace_floats, 0);
   // Short caches keep at least kMinTilesPerSplit tiles a split: 1024 keys
   // are 16 tiles, 4 splits.
   EXPECT_EQ(kv::plan(cache_problem(1, 1, 1024, 32, 8, 128), kH200, false).num_splits, 4);

@@ -40,7 +40,16 @@ Plan plan(const Problem& p, DeviceShape device, bool batch_invariant) {
   } else if (device.multiprocessors > 0 && device.ctas_per_sm > 0) {
     const int64_t ctas = p.B * p.Hkv * plan.m_tiles;
     const int64_t wave = int64_t(device.multiprocessors) * device.ctas_per_sm;
-    if (2 * ctas <= wave) splits = std::min(wave / ctas, ceil_div(max_tiles, kMinTilesPerSplit));
+    if (2 * ctas <= wave) {
+      splits = std::min(wave / ctas, ceil_div(max_tiles, kMinTilesPerSplit));
+    } else if (max_tiles > 2 * kInvariantTilesPerSplit &&
+               ceil_div(max_tiles, kInvariantTilesPerSplit) <= kMaxSplits) {
+      // A wave's worth of CTAs already: long sequences still split into
+      // fixed runs, which balances mixed lengths and keeps more small-page
+      // reads in flight (docs/decisions/kv-cache-kernel.md).
+      plan.tiles_per_split = kInvariantTilesPerSplit;
+      splits = ceil_div(max_tiles, kInvariantTilesPerSplit);
+    }
   }
   // The batch-invariant count is not capped: a cap would tie a sequence's
   // split to the capacity of the batch it is served in.

@@ -22,8 +22,10 @@ constexpr int kRowsPerWarp = 16;  // one m16 mma tile
 // Batch-invariant splits: this many key tiles (1024 keys) per split,
 // whatever the batch (Options::batch_invariant).
 constexpr int kInvariantTilesPerSplit = 16;
-// Without it, the splits (at most kMaxSplits) fill one wave of resident
-// CTAs and no more: a second, partial wave would leave SMs idle at its end.
+// Without it: where the CTAs fill at most half a wave of resident CTAs,
+// splits (at most kMaxSplits) fill one wave and no more (a second, partial
+// wave would leave SMs idle at its end); with more CTAs, sequences longer
+// than 2 x 1024 keys split into runs of 1024 keys, as batch_invariant does.
 constexpr int kMaxSplits = 128;
 // ... and keep at least this many key tiles per split, so that the partial
 // results' traffic stays small beside the keys'.
