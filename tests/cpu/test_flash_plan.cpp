@@ -1,13 +1,15 @@
 // cuda-flash's plans (src/cuda/flash/plan.hpp), without a GPU: the dK/dV
 // tile and dQ strategy of the benchmark shapes on an H200 (227 KB of shared
 // memory per block) and on a device with 99 KB (sm86 / sm89), the
-// non-deterministic path, the workspace, and forced fields reaching the
-// plan or being refused with their reason. Built where the CUDA backends
+// non-deterministic path, the workspace, padded head dims planned as their
+// kernels', and forced fields reaching the plan or being refused with their
+// reason. Built where the CUDA backends
 // are (the plan lives in the library's CUDA part); it needs no GPU.
 #ifdef GQATTN_HAS_CUDA_FLASH
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "api/plan_override.hpp"
 #include "cuda/flash/launchers.hpp"
@@ -130,6 +132,48 @@ TEST(FlashPlan, ForcedFieldsReachThePlanOrAreRefused) {
   force.dq_path = DqPath::fused;
   EXPECT_EQ(backward(shape(4, 4096, 16, 8, 256, false), kH200, true, force).dq,
             DqStrategy::kOrdered);
+}
+
+// A padded head dim plans as its kernels' (fused::kernel_head_dim): the same
+// grid, tile, dQ strategy and workspace (the fused dQ's accumulator has the
+// kernels' columns), on both devices, and says so in its description.
+TEST(FlashPlan, PaddedHeadDimsPlanAsTheirKernels) {
+  for (const auto& [d, kernel] : {std::pair{8, 64},
+                                  {40, 64},
+                                  {64, 64},
+                                  {80, 128},
+                                  {96, 128},
+                                  {128, 128},
+                                  {136, 256},
+                                  {160, 256},
+                                  {192, 256},
+                                  {256, 256}}) {
+    for (const DeviceLimits& device : {kH200, kSm89}) {
+      const Problem p = shape(2, 1000, 16, 4, d, true);
+      const Problem same = shape(2, 1000, 16, 4, kernel, true);
+      const auto fwd = gqattn::flash::plan_forward(p, DType::bf16);
+      EXPECT_EQ(fwd.d, kernel) << d;
+      EXPECT_EQ(fwd.head_dim, d);
+      EXPECT_EQ(fwd.blocks, gqattn::flash::plan_forward(same, DType::bf16).blocks) << d;
+      const BackwardPlan bwd = backward(p, device);
+      const BackwardPlan bwd_same = backward(same, device);
+      EXPECT_EQ(bwd.d, kernel) << d;
+      EXPECT_EQ(bwd.head_dim, d);
+      EXPECT_EQ(bwd.tile, bwd_same.tile) << d;
+      EXPECT_EQ(bwd.dq, bwd_same.dq) << d;
+      EXPECT_EQ(bwd.workspace_bytes, bwd_same.workspace_bytes) << d;
+      PlanOverride force;
+      force.dq_path = DqPath::fused;
+      const BackwardPlan fused = backward(p, device, true, force);
+      EXPECT_EQ(fused.accum_floats, fused.rows * std::size_t(kernel)) << d;
+      const std::string note =
+          "d=" + std::to_string(d) + " on the d=" + std::to_string(kernel) + " kernels";
+      EXPECT_EQ(gqattn::flash::describe(fwd).find(note) != std::string::npos, d != kernel)
+          << gqattn::flash::describe(fwd);
+      EXPECT_EQ(gqattn::flash::describe(bwd).find(note) != std::string::npos, d != kernel)
+          << gqattn::flash::describe(bwd);
+    }
+  }
 }
 
 TEST(FlashPlan, ForwardScoreModeAndDescription) {

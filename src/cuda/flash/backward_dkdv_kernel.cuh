@@ -84,6 +84,17 @@
 // flag (kVarlen), launched only for varlen batches: with the mask in
 // registers instead of the constant bank the dense instances' key loops
 // grew and spilled (sm90a SASS), so they stay as they were.
+//
+// A padded head dim (p.head_dim < kD, a multiple of 8: fused::kernel_head_dim):
+// K, V, Q, dO columns from head_dim on are zero-filled in shared memory, so
+// S^T and dP^T are the tensors' and dK, dV (and the dQ partial) are 0
+// there; dK, dV are not stored there. The fused dQ's accumulator has the
+// kernel's kD columns (the postprocess copies only head_dim to dq): a warp
+// skips its dQ passes that lie wholly past head_dim (products and adds).
+// A template flag (kPadded), as in the forward kernel: the other instances
+// compile as without it. The padded instances are the varlen ones (kVarlen)
+// and take dense batches too, whose workspace rows they then address as a
+// dense batch's.
 #pragma once
 
 #include <climits>
@@ -178,10 +189,11 @@ __device__ __forceinline__ void gemm_rs_nt(float (&c)[kMT][kNT][4],
 
 // kSize: DkdvTile<kD, kSize>; the smaller tiles are for devices with less
 // shared memory per block.
-// kVarlen: a varlen batch (see above); the dense instances read the
-// batch's mask from the parameters (constant bank), not from registers.
+// kVarlen: a varlen batch (see above), or a padded head dim; the dense
+// instances read the batch's mask from the parameters (constant bank), not
+// from registers. kPadded: a head dim below kD (see above).
 template <int kD, typename Elem, bool kSoftcap, bool kFusedDq = false,
-          DkdvTileSize kSize = DkdvTileSize::kDefault, bool kVarlen = false>
+          DkdvTileSize kSize = DkdvTileSize::kDefault, bool kVarlen = false, bool kPadded = false>
 __global__ void __launch_bounds__(
     DkdvTile<kD, kSize>::kWarpsN* DkdvTile<kD, kSize>::kWarpsD* fused::kWarpSize)
     backward_dkdv_kernel(const fused::BackwardParams p) {
@@ -223,6 +235,7 @@ __global__ void __launch_bounds__(
   static_assert(!kFusedDq || (kWarps % kDqWarpsM == 0 && kD % kDqWarpsD == 0 &&
                               kDqCols % kDqColsPerPass == 0 && kDqDT % 2 == 0),
                 "fused dQ warp grid");
+  static_assert(!kPadded || kVarlen, "the padded instances are the varlen ones");
 
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* const smem_k = smem;
@@ -283,6 +296,8 @@ __global__ void __launch_bounds__(
   int* signal = nullptr;  // counter of the last step's query tile
   const int dq_row = (warp % kDqWarpsM) * kDqRows;
   const int dq_col = (warp / kDqWarpsM) * kDqCols;
+  // The tensors' columns: all kD but in the padded instances.
+  const ColumnBound<kPadded> cols_d{kPadded ? p.head_dim : kD};
 
   const Elem* q_base =
       static_cast<const Elem*>(p.q) + b * p.q_stride.batch + int64_t(seq.q_row0) * p.q_stride.row;
@@ -290,9 +305,11 @@ __global__ void __launch_bounds__(
                         int64_t(seq.q_row0) * p.do_stride.row;
   // Workspace rows of (b, h): row_ws + h * head_ws (fused::workspace_row),
   // blocks of whole query tiles (kWorkspaceRowAlign is a multiple of kBM).
+  // The padded instances ask the batch whether it is varlen.
+  const bool varlen_ws = kVarlen && (!kPadded || p.seq.varlen());
   const int64_t row_ws =
-      kVarlen ? int64_t(seq.ws_row0) : int64_t(b) * p.H * p.tq_padded;  // workspace_row(p, b, 0)
-  const int64_t head_ws = kVarlen ? p.varlen_head_rows : p.tq_padded;
+      varlen_ws ? int64_t(seq.ws_row0) : int64_t(b) * p.H * p.tq_padded;  // workspace_row(p, b, 0)
+  const int64_t head_ws = varlen_ws ? p.varlen_head_rows : p.tq_padded;
   // Ordered dQ: one counter per kBM workspace rows (row_ws, head_ws are
   // multiples of kBM).
   const int64_t counter_ws = row_ws / kBM;
@@ -318,10 +335,10 @@ __global__ void __launch_bounds__(
     const uint32_t s_q = s_q0 + stage * kStageBytes;
     load_tile_async<kBM, kD, kThreads>(s_q,
                                        q_base + h * p.q_stride.head + int64_t(m0) * p.q_stride.row,
-                                       p.q_stride.row, rows, tid);
+                                       p.q_stride.row, rows, cols_d, tid);
     load_tile_async<kBM, kD, kThreads>(
         s_q + QTile::kBytes, do_base + h * p.do_stride.head + int64_t(m0) * p.do_stride.row,
-        p.do_stride.row, rows, tid);
+        p.do_stride.row, rows, cols_d, tid);
     constexpr int kRowChunks = kBM * int(sizeof(float)) / fused::kChunkBytes;
     constexpr int kFloatsPerChunk = fused::kChunkBytes / int(sizeof(float));
     static_assert(2 * kRowChunks <= kThreads, "one chunk of lse2/D per thread");
@@ -340,8 +357,8 @@ __global__ void __launch_bounds__(
                     (int64_t(seq.k_row0) + n0) * p.k_stride.row;
     const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch + hk * p.v_stride.head +
                     (int64_t(seq.k_row0) + n0) * p.v_stride.row;
-    load_tile_async<kBN, kD, kThreads>(s_k, k, p.k_stride.row, cols, tid);
-    load_tile_async<kBN, kD, kThreads>(s_v, v, p.v_stride.row, cols, tid);
+    load_tile_async<kBN, kD, kThreads>(s_k, k, p.k_stride.row, cols, cols_d, tid);
+    load_tile_async<kBN, kD, kThreads>(s_v, v, p.v_stride.row, cols, cols_d, tid);
     load_step(Step{0, range.last}, 0);
   }
   cp_async_commit();
@@ -376,6 +393,12 @@ __global__ void __launch_bounds__(
     int* const counter =
         ordered ? p.dq_counters + counter_ws + int64_t(h) * counters_per_head + s.m_block : nullptr;
     const bool first = s.m_block < adds.first || s.m_block > adds.last;  // stores
+    // Padded: the warp's columns below head_dim. A pass wholly past them
+    // is skipped, products and adds (warp-uniform; if pass 0 is, every
+    // pass is, and the warp neither waits nor adds): those accumulator
+    // columns are never read (the postprocess stops at head_dim). A pass
+    // that crosses head_dim adds the zeros past it, as the dense one does.
+    const int dq_cols_left = cols_d.cols - dq_col;
     const int64_t warp_row0 = row_ws + int64_t(h) * head_ws + s.m_block * kBM + dq_row;
     // Fragment-major accumulator (dq_accum_layout.hpp): this lane's first
     // value in the 16 x 8 block at (warp_row0, dq_col).
@@ -383,6 +406,7 @@ __global__ void __launch_bounds__(
         p.dq_accum + dq_accum_block_offset(warp_row0, dq_col, kD) + dq_accum_in_block(lane, 0);
 #pragma unroll
     for (int pass = 0; pass < kDqPasses; ++pass) {
+      if (kPadded && pass * kDqColsPerPass >= dq_cols_left) break;
       float acc_dq[kDqMT][kDqDT][4] = {};
 #pragma unroll
       for (int kk = 0; kk < kStepsN; ++kk) {
@@ -596,8 +620,8 @@ __global__ void __launch_bounds__(
              (int64_t(seq.k_row0) + n0) * p.dk_stride.row;
   Elem* dv = static_cast<Elem*>(p.dv) + b * p.dv_stride.batch + hk * p.dv_stride.head +
              (int64_t(seq.k_row0) + n0) * p.dv_stride.row;
-  store_tile<kBN, kD, kThreads>(smem_k, dk, p.dk_stride.row, store_rows, tid);
-  store_tile<kBN, kD, kThreads>(smem_v, dv, p.dv_stride.row, store_rows, tid);
+  store_tile<kBN, kD, kThreads>(smem_k, dk, p.dk_stride.row, store_rows, cols_d, tid);
+  store_tile<kBN, kD, kThreads>(smem_v, dv, p.dv_stride.row, store_rows, cols_d, tid);
 }
 
 }  // namespace gqattn::flash

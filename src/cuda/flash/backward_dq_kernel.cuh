@@ -25,6 +25,12 @@
 // offsets (registers) instead of the parameters (constant bank) made the
 // dense instances spill in the key loop; the dense ones are the kernel as
 // it was.
+//
+// A padded head dim (p.head_dim < kD: fused::kernel_head_dim): Q, dO, K, V
+// columns from head_dim on are zero-filled in shared memory and dQ's are
+// not stored (kPadded, as in the forward kernel; the padded instances are
+// the varlen ones and take dense batches too: their workspace rows come
+// from fused::workspace_row, which asks the batch).
 #pragma once
 
 #include <cstdint>
@@ -39,7 +45,7 @@
 
 namespace gqattn::flash {
 
-template <int kD, typename Elem, bool kSoftcap, bool kVarlen>
+template <int kD, typename Elem, bool kSoftcap, bool kVarlen, bool kPadded = false>
 __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
     backward_dq_kernel(const fused::BackwardParams p) {
   using Tile = DqTile<kD>;
@@ -54,6 +60,7 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
   constexpr int kStepsN = kBN / fused::kMmaK;
   static_assert(kRowsPerWarp % fused::kMmaM == 0, "each warp owns whole m16 tiles of queries");
   static_assert(kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
+  static_assert(!kPadded || kVarlen, "the padded instances are the varlen ones");
   using QTile = SmemTile<kBM, kD>;
   using KVTile = SmemTile<kBN, kD>;
 
@@ -91,14 +98,16 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
   const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch +
                   int64_t(seq.k_row0) * p.v_stride.row + hk * p.v_stride.head;
   const int64_t q_row0 = int64_t(seq.q_row0) + m0;  // the tile's first row of q, do
+  // The tensors' columns: all kD but in the padded instances.
+  const ColumnBound<kPadded> cols{kPadded ? p.head_dim : kD};
 
   auto load_kv = [&](int n_block, int stage) {
     const int n0 = n_block * kBN;
     const uint32_t s_k = s_kv0 + stage * kStageBytes;
     load_tile_async<kBN, kD, kThreads>(s_k, k + int64_t(n0) * p.k_stride.row, p.k_stride.row,
-                                       mask.tk - n0, tid);
+                                       mask.tk - n0, cols, tid);
     load_tile_async<kBN, kD, kThreads>(s_k + KVTile::kBytes, v + int64_t(n0) * p.v_stride.row,
-                                       p.v_stride.row, mask.tk - n0, tid);
+                                       p.v_stride.row, mask.tk - n0, cols, tid);
   };
 
   if (range.last >= range.first) {
@@ -106,8 +115,8 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
                     h * p.q_stride.head;
     const Elem* d_o = static_cast<const Elem*>(p.dout) + b * p.do_stride.batch +
                       q_row0 * p.do_stride.row + h * p.do_stride.head;
-    load_tile_async<kBM, kD, kThreads>(s_q, q, p.q_stride.row, rows, tid);
-    load_tile_async<kBM, kD, kThreads>(s_do, d_o, p.do_stride.row, rows, tid);
+    load_tile_async<kBM, kD, kThreads>(s_q, q, p.q_stride.row, rows, cols, tid);
+    load_tile_async<kBM, kD, kThreads>(s_do, d_o, p.do_stride.row, rows, cols, tid);
     load_kv(range.last, 0);
   }
   cp_async_commit();
@@ -233,7 +242,7 @@ __global__ void __launch_bounds__(DqTile<kD>::kWarps* fused::kWarpSize)
   const int dq_row0 = fused::sequence_of(seq_args, p.mask, b).q_row0;
   Elem* dq = static_cast<Elem*>(p.dq) + b * p.dq_stride.batch +
              (int64_t(dq_row0) + m0) * p.dq_stride.row + h * p.dq_stride.head;
-  store_tile<kBM, kD, kThreads>(smem, dq, p.dq_stride.row, rows, tid);
+  store_tile<kBM, kD, kThreads>(smem, dq, p.dq_stride.row, rows, cols, tid);
 }
 
 }  // namespace gqattn::flash

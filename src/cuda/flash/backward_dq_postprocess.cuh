@@ -10,7 +10,10 @@
 // store), over (b, h, i < tq_padded); a varlen batch's sequence b has its
 // rows from q_row0 and its accumulator rows and counters in its workspace
 // block (fused::workspace_row; the block starts at a multiple of 128, so
-// its counters are whole query tiles too).
+// its counters are whole query tiles too). A padded head dim (kPadded:
+// p.head_dim < kD): the threads of the chunks from head_dim on write
+// nothing (the accumulator's columns there hold nothing of dq); a template
+// flag, so that the other instances compile as without it.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +28,8 @@
 namespace gqattn::flash {
 
 // kRowsPerCounter: the kBlockM of the dK/dV tile that ran (one counter per
-// query tile of it).
-template <int kD, typename Elem, int kRowsPerCounter>
+// query tile of it). kPadded: a head dim below kD (see above).
+template <int kD, typename Elem, int kRowsPerCounter, bool kPadded = false>
 __global__ void __launch_bounds__(kDqPostThreads)
     backward_dq_postprocess_kernel(const fused::BackwardParams p) {
   static_assert(kDqPostElemsPerThread == fused::kElemsPerChunk, "one 16-byte chunk per thread");
@@ -38,6 +41,7 @@ __global__ void __launch_bounds__(kDqPostThreads)
   const int bh = int(row / p.tq_padded);
   const int i = int(row % p.tq_padded);
   if (bh >= p.B * p.H) return;
+  if (kPadded && chunk * fused::kElemsPerChunk >= p.head_dim) return;
   const int b = bh / p.H;
   const int h = bh % p.H;
   const fused::Sequence seq = fused::sequence_of(p.seq, p.mask, b);

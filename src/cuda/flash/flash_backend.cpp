@@ -66,10 +66,17 @@ using fused::ElemType;
 using fused::kMaxGridX;
 constexpr std::size_t kLoadBytes = 16;  // cp.async chunk
 
-// "" when the device allows the shared memory per block that `pass` needs.
+// "" when the device allows the shared memory per block that `pass` needs
+// at head dim d (its kernels', fused::kernel_head_dim(d)).
 std::string why_too_little_smem(int64_t d, Pass pass) {
-  return flash::why_too_little_smem(int(d), pass == Pass::backward,
-                                    cuda::current_device_properties().max_shared_per_block_optin);
+  const int kernel_d = fused::kernel_head_dim(d);
+  std::string reason =
+      flash::why_too_little_smem(kernel_d, pass == Pass::backward,
+                                 cuda::current_device_properties().max_shared_per_block_optin);
+  if (!reason.empty() && kernel_d != d)
+    reason +=
+        " (d=" + std::to_string(d) + " runs on the d=" + std::to_string(kernel_d) + " kernels)";
+  return reason;
 }
 
 std::string why_not_resident(const TensorRef& t, const char* name) {
@@ -86,13 +93,11 @@ class CudaFlashBackend final : public BackendImpl {
     if (p.kv_cache) return kv_cache::why_not("cuda-flash", p, dtype, device);
     const std::string shared = fused::why_not_fused_problem("cuda-flash", p, dtype, device);
     if (!shared.empty()) return shared;
-    // Its kernels' head dims only: padding a d between them (as cuda-hopper
-    // does) cost its sm_80 main loops registers and spills, unmeasured
-    // (docs/backends/cuda-flash.md).
-    if (fused::kernel_head_dim(p.d) != p.d)
-      return "not supported: cuda-flash supports d in {64, 128, 256} (got d=" +
-             std::to_string(p.d) + "); cuda-hopper runs it on sm_90 GPUs";
-    const int64_t grid = flash::forward_blocks(int(p.d), p.B, p.H, p.Tq);
+    // Every d the shared rule takes (d <= 256, a multiple of 8): a d between
+    // the kernels' (64, 128, 256) runs the next one's padded instances
+    // (fused::kernel_head_dim; docs/decisions/flash-padded-head-dims.md).
+    const int kernel_d = fused::kernel_head_dim(p.d);
+    const int64_t grid = flash::forward_blocks(kernel_d, p.B, p.H, p.Tq);
     if (grid > kMaxGridX)
       return "not supported: cuda-flash needs at most 2^31-1 thread blocks (B*H*Tq too large: " +
              std::to_string(grid) + " blocks)";
@@ -108,7 +113,7 @@ class CudaFlashBackend final : public BackendImpl {
   std::string why_not_backward(const Problem& p, DType dtype, Device device) const override {
     const std::string forward_reason = why_not(p, dtype, device);
     if (!forward_reason.empty()) return forward_reason;
-    const int d = int(p.d);
+    const int d = fused::kernel_head_dim(p.d);  // the kernels'
     // Every dK/dV tile's grid, so that the verdict does not depend on the
     // tile the plan takes.
     using S = flash::DkdvTileSize;
@@ -172,6 +177,7 @@ class CudaFlashBackend final : public BackendImpl {
     p.score = fused::score_args(a.problem);
     p.seq = fused::sequence_args(a.problem, a.offsets, a.q, a.k);
     const flash::ForwardPlan plan = flash::plan_forward(a.problem, a.q.dtype);
+    p.head_dim = plan.head_dim;
     switch (plan.d) {
       case 64: flash::launch_forward<64>(plan, p, a.options.stream); break;
       case 128: flash::launch_forward<128>(plan, p, a.options.stream); break;
@@ -185,6 +191,7 @@ class CudaFlashBackend final : public BackendImpl {
         backward_plan(a.problem, a.q.dtype, a.options, a.problem.varlen ? a.q.shape[1] : -1);
     if (!plan.forced.empty()) throw Error("backend", "cuda-flash: " + plan.forced);
     fused::BackwardParams p = fused::backward_params(a);
+    p.head_dim = plan.head_dim;  // the problem's (backward_params's too): the padded kernels' bound
     // The plan's workspace on the caller's stream, from the library's pool
     // (cuda/common/workspace.hpp), freed on the stream when `workspace`
     // goes out of scope, also when a launch throws.

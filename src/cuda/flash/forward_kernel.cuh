@@ -25,6 +25,16 @@
 // neighbouring sequences are never loaded (zero-filled) nor stored. A
 // template flag (kVarlen), as in the backward kernels: the dense instances
 // stay the kernel they were (their registers are at the limit).
+//
+// A padded head dim (p.head_dim < kD, a multiple of 8: fused::kernel_head_dim):
+// Q, K, V columns from head_dim on are zero-filled in shared memory (they
+// add nothing to q.k, and P V gives 0 there) and O's are not stored. Another
+// template flag (kPadded), so that the instances of the kernels' own head
+// dims compile exactly as without it (a runtime column bound in every
+// instance cost the d128 loop registers and spills on sm_80:
+// docs/decisions/flash-padded-head-dims.md). The padded instances are also
+// the varlen ones (kVarlen), which take a dense batch too (its sequence is
+// the batch's): one padded instance per element type and score mode.
 #pragma once
 
 #include <cstdint>
@@ -41,9 +51,11 @@
 
 namespace gqattn::flash {
 
-// kVarlen: a varlen batch (see above), launched only for one; the dense
-// instances read the batch's mask from the parameters (constant bank).
-template <int kD, typename Elem, fused::ScoreMode kScores, bool kVarlen = false>
+// kVarlen: a varlen batch (see above), launched only for one, or a padded
+// head dim; the dense instances read the batch's mask from the parameters
+// (constant bank). kPadded: a head dim below kD (see above).
+template <int kD, typename Elem, fused::ScoreMode kScores, bool kVarlen = false,
+          bool kPadded = false>
 __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
     forward_kernel(const ForwardParams p) {
   constexpr bool kRowMax = kScores != fused::ScoreMode::softcap_without_row_max;
@@ -58,6 +70,7 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
   constexpr int kStepsQK = kD / fused::kMmaK;
   constexpr int kStepsPV = kBN / fused::kMmaK;
   static_assert(kRowsPerWarp % fused::kMmaM == 0 && kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
+  static_assert(!kPadded || kVarlen, "the padded instances are the varlen ones");
   using QTile = SmemTile<kBM, kD>;
   using KVTile = SmemTile<kBN, kD>;
 
@@ -95,20 +108,22 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
   const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_stride.batch +
                   int64_t(seq.k_row0) * p.v_stride.row + hk * p.v_stride.head;
   const fused::BlockRange range = mask.key_blocks(m0, rows, kBN);
+  // The tensors' columns: all kD but in the padded instances.
+  const ColumnBound<kPadded> cols{kPadded ? p.head_dim : kD};
 
   int tid = tid_, lane = tid_ % fused::kWarpSize;  // refreshed by opaque() every step
   auto load_k = [&](int n_block) {
     const int n0 = n_block * kBN;
     load_tile_async<kBN, kD, kThreads>(s_k, k + int64_t(n0) * p.k_stride.row, p.k_stride.row,
-                                       mask.tk - n0, tid);
+                                       mask.tk - n0, cols, tid);
   };
   auto load_v = [&](int n_block) {
     const int n0 = n_block * kBN;
     load_tile_async<kBN, kD, kThreads>(s_v, v + int64_t(n0) * p.v_stride.row, p.v_stride.row,
-                                       mask.tk - n0, tid);
+                                       mask.tk - n0, cols, tid);
   };
 
-  load_tile_async<kBM, kD, kThreads>(s_q, q, p.q_stride.row, rows, tid);
+  load_tile_async<kBM, kD, kThreads>(s_q, q, p.q_stride.row, rows, cols, tid);
   if (range.last >= range.first) load_k(range.last);
   cp_async_commit();
 
@@ -208,7 +223,7 @@ __global__ void __launch_bounds__(ForwardTile<kD>::kWarps* fused::kWarpSize)
   __syncthreads();
   Elem* o = static_cast<Elem*>(p.o) + b * p.o_stride.batch +
             (int64_t(seq.q_row0) + m0) * p.o_stride.row + h * p.o_stride.head;
-  store_tile<kBM, kD, kThreads>(smem, o, p.o_stride.row, rows, tid);
+  store_tile<kBM, kD, kThreads>(smem, o, p.o_stride.row, rows, cols, tid);
 
   if (p.lse != nullptr && lane % 4 == 0) {
     float* lse_row = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_row0;

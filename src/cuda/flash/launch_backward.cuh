@@ -8,8 +8,12 @@
 // deterministic) zeroes the accumulator instead. The dK/dV kernel takes the
 // plan's tile (plan.hpp: the default, or a smaller one for devices whose
 // shared memory per block is below the default tile's); a kFusedDqOnly tile
-// has no separate dQ path (the plan never asks for it). Instantiated per head dimension by
-// launch_backward_d*.cu. Checked through tests/gpu/test_flash_*.cpp.
+// has no separate dQ path (the plan never asks for it). A padded head dim
+// (the plan's head_dim below kD) runs the padded instances of the dK/dV,
+// dQ and postprocess kernels, dense and varlen batches alike (the
+// preprocessing kernel reads p.head_dim in every instance). Instantiated
+// per head dimension by launch_backward_d*.cu. Checked through
+// tests/gpu/test_flash_*.cpp and tests/gpu/test_padded_head_dims.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,6 +31,7 @@ namespace gqattn::flash {
 template <int kD, typename Elem, bool kSoftcap, DkdvTileSize kSize>
 void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams& p,
                            cudaStream_t stream) {
+  const bool padded = plan.head_dim != kD;
   {
     const int blocks = int(preprocess_blocks(p.B, p.H, p.tq_padded));
     fused::backward_preprocess_kernel<kD, Elem>
@@ -49,9 +54,11 @@ void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams
       GQATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, accum, stream));
     }
     constexpr int kSmem = int(dkdv_smem_bytes<kD, true, kSize>());
-    // The varlen instance only for a varlen batch (backward_dkdv_kernel.cuh).
-    auto kernel = p.seq.varlen() ? backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSize, true>
-                                 : backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSize, false>;
+    // The varlen instance only for a varlen batch, the padded one for every
+    // batch of a padded head dim (backward_dkdv_kernel.cuh).
+    auto kernel = padded ? backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSize, true, true>
+                  : p.seq.varlen() ? backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSize, true>
+                                   : backward_dkdv_kernel<kD, Elem, kSoftcap, true, kSize, false>;
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
@@ -59,8 +66,9 @@ void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams
                            ? "cuda-flash backward_dkdv_kernel (ordered dQ)"
                            : "cuda-flash backward_dkdv_kernel (atomic dQ)");
     const int blocks = int(dq_postprocess_blocks(kD, p.B, p.H, p.tq_padded));
-    backward_dq_postprocess_kernel<kD, Elem, DkdvT::kBlockM>
-        <<<blocks, kDqPostThreads, 0, stream>>>(p);
+    auto postprocess = padded ? backward_dq_postprocess_kernel<kD, Elem, DkdvT::kBlockM, true>
+                              : backward_dq_postprocess_kernel<kD, Elem, DkdvT::kBlockM, false>;
+    postprocess<<<blocks, kDqPostThreads, 0, stream>>>(p);
     cuda::check_launch("cuda-flash backward_dq_postprocess_kernel");
     return;
   }
@@ -72,8 +80,10 @@ void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams
   } else {
     {
       constexpr int kSmem = int(dkdv_smem_bytes<kD, false, kSize>());
-      auto kernel = p.seq.varlen() ? backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSize, true>
-                                   : backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSize, false>;
+      auto kernel = padded ? backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSize, true, true>
+                    : p.seq.varlen()
+                        ? backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSize, true>
+                        : backward_dkdv_kernel<kD, Elem, kSoftcap, false, kSize, false>;
       GQATTN_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
       kernel<<<dkdv_grid, kDkdvThreads, kSmem, stream>>>(p);
@@ -83,9 +93,11 @@ void launch_backward_typed(const BackwardPlan& plan, const fused::BackwardParams
     constexpr int kThreads = Tile::kWarps * fused::kWarpSize;
     constexpr int kSmem = int(dq_smem_bytes<kD>());
     const int blocks = int(dq_blocks(kD, p.B, p.H, p.mask.tq));
-    // The varlen instance only for a varlen batch (backward_dq_kernel.cuh).
-    auto kernel = p.seq.varlen() ? backward_dq_kernel<kD, Elem, kSoftcap, true>
-                                 : backward_dq_kernel<kD, Elem, kSoftcap, false>;
+    // The varlen instance only for a varlen batch, the padded one for every
+    // batch of a padded head dim (backward_dq_kernel.cuh).
+    auto kernel = padded           ? backward_dq_kernel<kD, Elem, kSoftcap, true, true>
+                  : p.seq.varlen() ? backward_dq_kernel<kD, Elem, kSoftcap, true>
+                                   : backward_dq_kernel<kD, Elem, kSoftcap, false>;
     GQATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     kernel<<<blocks, kThreads, kSmem, stream>>>(p);

@@ -1,7 +1,9 @@
 // cuda-flash: the launchers the backend calls, one per head dimension,
 // explicitly instantiated for d in {64, 128, 256} only (launch_*_d*.cu), so
-// each head dimension compiles in its own translation unit. `stream` is a
-// cudaStream_t. Checked through tests/gpu/test_flash_*.cpp.
+// each head dimension compiles in its own translation unit; a head dim
+// between them runs the next one's padded kernels (the plan's head_dim below
+// its d). `stream` is a cudaStream_t. Checked through
+// tests/gpu/test_flash_*.cpp and tests/gpu/test_padded_head_dims.cpp.
 #pragma once
 
 #include <cstdint>

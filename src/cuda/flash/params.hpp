@@ -23,6 +23,10 @@ struct ForwardParams {
   fused::MaskArgs mask;  // a varlen batch's bounds; each sequence's from seq
   fused::ScoreArgs score;
   fused::SequenceArgs seq;  // varlen offsets (null: dense)
+  // The tensors' head dim: the kernel's own, or less where it is padded
+  // (fused::kernel_head_dim; read by the padded instances only). Last, so
+  // that the fields above keep their offsets in the kernels' parameters.
+  int head_dim = 0;
 };
 
 // Launchers (launch_forward.cu, launch_backward.cu). `stream` is a cudaStream_t.

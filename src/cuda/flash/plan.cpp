@@ -41,11 +41,21 @@ const char* dq_name(DqStrategy dq) {
   return "?";
 }
 
+// "d=96 on the d=128 kernels (zero-filled columns), " where the head dim is
+// padded; else "".
+template <class Plan>
+std::string padded_note(const Plan& plan) {
+  if (plan.head_dim == plan.d) return "";
+  return "d=" + std::to_string(plan.head_dim) + " on the d=" + std::to_string(plan.d) +
+         " kernels (zero-filled columns), ";
+}
+
 }  // namespace
 
 ForwardPlan plan_forward(const Problem& p, DType dtype) {
   ForwardPlan plan;
-  plan.d = int(p.d);
+  plan.d = fused::kernel_head_dim(p.d);
+  plan.head_dim = int(p.d);
   plan.elem = elem_of(dtype);
   plan.score_mode = fused::score_mode(fused::score_args(p), plan.elem);
   plan.blocks = forward_blocks(plan.d, p.B, p.H, p.Tq);
@@ -57,7 +67,8 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
                            bool deterministic, const detail::PlanOverride& force, int64_t total_q) {
   BackwardPlan plan;
   plan.varlen = p.varlen;
-  plan.d = int(p.d);
+  plan.d = fused::kernel_head_dim(p.d);  // every rule below is the kernels'
+  plan.head_dim = int(p.d);
   plan.elem = elem_of(dtype);
   plan.softcap = p.softcap > 0;
   plan.tile = dkdv_tile(plan.d, device, force.dkdv_tile);
@@ -71,7 +82,7 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
       plan.dq = DqStrategy::kSeparate;
       if (dkdv_fused_dq_only(plan.d, plan.tile))
         plan.forced =
-            "dq=separate: not supported: cuda-flash's backward at d=" + std::to_string(p.d) +
+            "dq=separate: not supported: cuda-flash's backward at d=" + std::to_string(plan.d) +
             " on its " + tile_name(plan.tile) + " dK/dV tile runs only the fused dQ paths";
       break;
     case detail::DqPath::atomic:
@@ -83,7 +94,8 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
       break;
   }
   // lse2 and D, [B*H, tq_padded] f32 each; a fused dQ's f32 accumulator
-  // [B*H, tq_padded, d]; the ordered dQ's counters (one int per row: at
+  // [B*H, tq_padded, d] (the kernels' d; columns past a padded head dim are
+  // never copied to dq); the ordered dQ's counters (one int per row: at
   // least one per (b, h, query tile)). A varlen batch has H blocks of
   // varlen_workspace_rows instead (both dQ strategies address them through
   // fused::workspace_row).
@@ -94,7 +106,7 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
   else
     plan.rows = std::size_t(p.B * p.H * plan.tq_padded);
   const bool fused_dq = plan.dq != DqStrategy::kSeparate;
-  plan.accum_floats = fused_dq ? plan.rows * std::size_t(p.d) : 0;
+  plan.accum_floats = fused_dq ? plan.rows * std::size_t(plan.d) : 0;
   plan.counters = plan.dq == DqStrategy::kOrdered ? plan.rows : 0;
   plan.workspace_bytes =
       (2 * plan.rows + plan.accum_floats) * sizeof(float) + plan.counters * sizeof(int);
@@ -102,16 +114,16 @@ BackwardPlan plan_backward(const Problem& p, DType dtype, const DeviceLimits& de
 }
 
 std::string describe(const ForwardPlan& plan) {
-  return std::string("forward ") + (plan.varlen ? "varlen, " : "") + std::to_string(plan.blocks) +
-         " query tiles, scores " +
+  return std::string("forward ") + padded_note(plan) + (plan.varlen ? "varlen, " : "") +
+         std::to_string(plan.blocks) + " query tiles, scores " +
          (plan.score_mode == fused::ScoreMode::plain     ? "plain"
           : plan.score_mode == fused::ScoreMode::softcap ? "softcap"
                                                          : "softcap without row maximum");
 }
 
 std::string describe(const BackwardPlan& plan) {
-  return std::string("backward ") + (plan.varlen ? "varlen, " : "") + "dK/dV tile " +
-         tile_name(plan.tile) + ", dQ " + dq_name(plan.dq) + ", workspace " +
+  return std::string("backward ") + padded_note(plan) + (plan.varlen ? "varlen, " : "") +
+         "dK/dV tile " + tile_name(plan.tile) + ", dQ " + dq_name(plan.dq) + ", workspace " +
          std::to_string((plan.workspace_bytes + 1023) / 1024) + " KB";
 }
 

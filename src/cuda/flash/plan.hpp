@@ -1,8 +1,9 @@
 // cuda-flash: the plan of one call, decided once on the host from the
 // problem, the dtype, the device and the caller's determinism: the forward's
 // score mode and grid, the backward's dK/dV tile and dQ strategy, and the
-// workspace. why_not, explain, the workspace request and the launchers read
-// the plan; nothing re-derives it. Plain C++, so
+// workspace, and the kernels' head dim (a padded head dim runs the next
+// one's padded kernels). why_not, explain, the workspace request and the
+// launchers read the plan; nothing re-derives it. Plain C++, so
 // tests/cpu/test_flash_plan.cpp checks the plans of the benchmark shapes.
 #pragma once
 
@@ -22,7 +23,8 @@ namespace gqattn::flash {
 using cuda::DeviceLimits;
 
 struct ForwardPlan {
-  int d = 0;
+  int d = 0;         // the kernels' head dim (fused::kernel_head_dim of the problem's)
+  int head_dim = 0;  // the problem's: d, or less where it is padded to d
   fused::ElemType elem = fused::ElemType::bf16;
   fused::ScoreMode score_mode = fused::ScoreMode::plain;
   int64_t blocks = 0;   // one per (query tile, head, batch)
@@ -30,7 +32,8 @@ struct ForwardPlan {
 };
 
 struct BackwardPlan {
-  int d = 0;
+  int d = 0;         // the kernels' head dim (fused::kernel_head_dim of the problem's)
+  int head_dim = 0;  // the problem's: d, or less where it is padded to d
   fused::ElemType elem = fused::ElemType::bf16;
   bool softcap = false;
   // The largest dK/dV tile the device's shared memory holds (or the forced one).
@@ -41,7 +44,7 @@ struct BackwardPlan {
   // B * H * tq_padded; varlen: H * varlen_workspace_rows(total_q, B)
   // (fused/sequence.hpp), one block per head.
   std::size_t rows = 0;
-  std::size_t accum_floats = 0;  // fused dQ (ordered or atomic): rows * d
+  std::size_t accum_floats = 0;  // fused dQ (ordered or atomic): rows * d (the kernels')
   std::size_t counters = 0;      // ordered dQ: one int per row
   std::size_t workspace_bytes = 0;
   std::string forced;  // a forced field this call cannot honour: why

@@ -1,8 +1,10 @@
 // cuda-flash: moving [rows x d] tiles of 16-bit elements between global and
 // shared memory (cp.async, 16-byte chunks, zero fill past the end) and the
-// ldmatrix loads of mma fragments, on the swizzled layout of smem_layout.hpp.
-// Checked through the kernels' tests against the f64 oracle
-// (tests/gpu/test_flash_*.cpp), including T not a multiple of a tile; the
+// ldmatrix loads of mma fragments, on the swizzled layout of smem_layout.hpp;
+// for a padded head dim, the same loads and stores bounded by the tensors'
+// columns (ColumnBound). Checked through the kernels' tests against the f64
+// oracle (tests/gpu/test_flash_*.cpp), including T not a multiple of a tile,
+// and tests/gpu/test_padded_head_dims.cpp (poisoned columns past d); the
 // fragment offsets also on the CPU (tests/cpu/test_flash_smem_layout.cpp).
 #pragma once
 
@@ -89,6 +91,45 @@ __device__ __forceinline__ void store_tile(const unsigned char* smem, Elem* gmem
       *reinterpret_cast<uint4*>(gmem + row * row_stride + chunk * fused::kElemsPerChunk) = value;
     }
   }
+}
+
+// The columns of a tile's rows that exist in the tensors. ColumnBound<false>:
+// all kCols (the kernel's own head dim), and the overloads below are the
+// loads and stores above, compiled as if called directly (a kernel's dense
+// instances pass it). ColumnBound<true>: the first `cols` (a multiple of 8:
+// a padded head dim, fused::kernel_head_dim; a kernel's kPadded instances),
+// the chunks from `cols` on zero-filled when loaded (cp.async with a source
+// size of 0: nothing is read there) and skipped when stored.
+template <bool kBounded>
+struct ColumnBound {
+  int cols;
+};
+
+// Every thread copies one chunk column of every row it touches (the passes
+// cover whole rows), so the column bound is one compare per tile, folded
+// into the row bound: a thread whose chunk lies past `cols` has no valid row.
+template <int kCols, int kThreads>
+__device__ __forceinline__ int rows_in_columns(int rows_valid, int cols, int tid) {
+  constexpr int kChunksPerRow = kCols / fused::kElemsPerChunk;
+  static_assert(kThreads % kChunksPerRow == 0, "every thread keeps one chunk column");
+  const int chunk = int(unsigned(tid) % kChunksPerRow);
+  return chunk * fused::kElemsPerChunk < cols ? rows_valid : 0;
+}
+
+template <int kRows, int kCols, int kThreads, typename Elem, bool kBounded>
+__device__ __forceinline__ void load_tile_async(uint32_t smem, const Elem* gmem, int64_t row_stride,
+                                                int rows_valid, ColumnBound<kBounded> cols,
+                                                int tid) {
+  if constexpr (kBounded) rows_valid = rows_in_columns<kCols, kThreads>(rows_valid, cols.cols, tid);
+  load_tile_async<kRows, kCols, kThreads>(smem, gmem, row_stride, rows_valid, tid);
+}
+
+template <int kRows, int kCols, int kThreads, typename Elem, bool kBounded>
+__device__ __forceinline__ void store_tile(const unsigned char* smem, Elem* gmem,
+                                           int64_t row_stride, int rows_valid,
+                                           ColumnBound<kBounded> cols, int tid) {
+  if constexpr (kBounded) rows_valid = rows_in_columns<kCols, kThreads>(rows_valid, cols.cols, tid);
+  store_tile<kRows, kCols, kThreads>(smem, gmem, row_stride, rows_valid, tid);
 }
 
 // Writes one C fragment (16 x 8, f32) of the warp into a shared tile as
