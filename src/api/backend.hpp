@@ -99,13 +99,9 @@ class BackendImpl {
     (void)options;
     return "";
   }
-  // Whether this backend runs KV-cache calls (Problem::kv_cache): dispatch
-  // asks why_not only of those that do.
-  virtual bool supports_kv_cache() const { return false; }
-  virtual void forward_kv_cache(const KvCacheArgs& args) const {
-    (void)args;
-    throw Error("backend", "not supported: this backend has no KV-cache path");
-  }
+  // A KV-cache call (Problem::kv_cache; why_not answers for it as for any
+  // problem).
+  virtual void forward_kv_cache(const KvCacheArgs& args) const = 0;
   // Whether this backend reads a varlen batch's offsets (or a KV cache's
   // int32 vectors) on the host (then dispatch copies and checks them
   // whatever Options::check_offsets says).

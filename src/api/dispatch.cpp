@@ -34,8 +34,6 @@ std::string why_not(const BackendImpl& impl, const Problem& problem, DType dtype
                     Pass pass) {
   if (problem.kv_cache && pass == Pass::backward)
     return "not supported: KV-cache calls are forward only";
-  if (problem.kv_cache && !impl.supports_kv_cache())
-    return std::string("not supported: ") + backend_name(impl.id()) + " has no KV-cache path yet";
   return pass == Pass::forward ? impl.why_not(problem, dtype, device)
                                : impl.why_not_backward(problem, dtype, device);
 }

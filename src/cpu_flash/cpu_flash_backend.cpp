@@ -26,7 +26,6 @@ class CpuFlashBackend final : public BackendImpl {
 
   // Varlen batches run sequence by sequence from the checked host offsets.
   bool needs_host_offsets() const override { return true; }
-  bool supports_kv_cache() const override { return true; }
   void forward_kv_cache(const KvCacheArgs& args) const override {
     cpu::kv_cache_forward_by_gather(args, &cpu_flash::forward);
   }

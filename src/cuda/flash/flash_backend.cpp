@@ -154,7 +154,6 @@ class CudaFlashBackend final : public BackendImpl {
     return r;
   }
 
-  bool supports_kv_cache() const override { return true; }
   void forward_kv_cache(const KvCacheArgs& args) const override { kv_cache::forward(args); }
 
   void forward(const ForwardArgs& a) const override {

@@ -314,7 +314,6 @@ class CudaUnfusedBackend final : public BackendImpl {
   // A varlen batch runs sequence by sequence from the host, and so does a
   // KV-cache call (the cache's vectors read on the host).
   bool needs_host_offsets() const override { return true; }
-  bool supports_kv_cache() const override { return true; }
 
   void forward_kv_cache(const KvCacheArgs& args) const override {
     kv_cache_forward(args, launch_on(args.options.stream), &forward_dense);
