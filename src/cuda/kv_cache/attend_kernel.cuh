@@ -11,9 +11,10 @@
 // (query, head of the group) pairs (plan.hpp), so each key tile is read
 // once for all the query heads that use it; decoding fills an m16 tile
 // with the group's heads instead of one query. The four warps share a
-// CTA's work along the rows (kWarpsM = 4: 64 rows, each warp its 16) or,
-// when there are at most 16 rows, along the keys (kWarpsM = 1: each warp a
-// quarter of every key tile, its own online softmax). Key tiles stream
+// CTA's work: kWarpsM of them along the rows (16 each), the other 4 /
+// kWarpsM along the keys (each a slice of every key tile, its own online
+// softmax): 4 x 1 for chunks of 64 rows, 2 x 2 for 32, 1 x 4 for
+// decoding's 16 (plan.hpp). Key tiles stream
 // through a two-stage cp.async ring:
 //   prologue: Q, tiles begin and begin + 1 in flight
 //   tile t:   wait for it; S = Q K^T (softcap, mask); online softmax;
@@ -27,8 +28,8 @@
 // key count (else zero-filled), a column only below head_dim; a row's kept
 // keys are one interval [lo, hi] (fused/mask.cuh's rule with the query
 // offset of its sequence); the split of a CTA's key tiles depends on the
-// batch only through num_splits, and not at all with tiles_per_split
-// (Options::batch_invariant).
+// batch only through num_splits, and not at all with tiles_per_split (the
+// runs of Options::batch_invariant, and of large batches).
 #pragma once
 
 #include <cmath>
