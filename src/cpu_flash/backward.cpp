@@ -17,7 +17,12 @@
 // with D = rowsum(dO * O), dS = P * (dO V^T - D) * scale (times 1 - tanh^2
 // under a softcap). Every sum runs in an order fixed by the tile sizes, so
 // the bits are the same for any thread count. Rows without kept keys have
-// P = 0 and so zero gradients. Checked by tests/cpu/test_cpu_flash.cpp.
+// P = 0 and so zero gradients. D is computed once per query row, in the
+// statistics phase. bf16 problems on a CPU with AVX512-BF16 run the tile
+// products on bf16 operands (Bf16Tiles: S and dP from the inputs as they
+// are, P and dS rounded to bf16 for dV, dK and dQ, f32 accumulation), the
+// rest converts to f32 (F32Tiles). Checked by tests/cpu/test_cpu_flash.cpp
+// and tests/cpu/test_cpu_flash_bf16.cpp.
 //
 // Why m and l, not exp(s - lse): the f32 lse carries a rounding of 2^-24
 // |lse| into every P, which doubled the f32 error of dq and dv against the
@@ -30,6 +35,7 @@
 #include <vector>
 
 #include "cpu/parallel.hpp"
+#include "cpu_flash/bf16_kernels.hpp"
 #include "cpu_flash/cpu_flash.hpp"
 #include "cpu_flash/tile_io.hpp"
 #include "cpu_flash/tile_kernels.hpp"
@@ -37,11 +43,230 @@
 namespace gqattn::cpu_flash {
 namespace {
 
-// One thread's tiles. Query side [bq][dp]; key side [Bk][dp] and transposed
-// [dp][Bk]; score side [bq][Bk] and transposed [Bk][bq].
+using detail::BackwardArgs;
+
+// The tile products of the f32 path: every operand converted to f32 (any
+// dtype, any CPU). Query side [bq][dp]; key side [Bk][dp] and transposed
+// [dp][Bk]; `trans` a score tile transposed [Bk][bq].
+struct F32Tiles {
+  std::vector<float> Q, dO, O, K, Kt, V, Vt, trans;
+  F32Tiles(const Plan& p)
+      : Q(cpu::scratch_floats(p.block_q * p.dp)),
+        dO(cpu::scratch_floats(p.block_q * p.dp)),
+        O(cpu::scratch_floats(p.block_q * p.dp)),
+        K(cpu::scratch_floats(kBlockK * p.dp)),
+        Kt(cpu::scratch_floats(kBlockK * p.dp)),
+        V(cpu::scratch_floats(kBlockK * p.dp)),
+        Vt(cpu::scratch_floats(kBlockK * p.dp)),
+        trans(cpu::scratch_floats(p.block_q * kBlockK)) {}
+  void load_q(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
+              int64_t q0, int64_t nq) {
+    load_tile(a.q, b, h, q0, p.block_q, nq, s.d, Q.data(), p.dp);
+  }
+  void load_do(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
+               int64_t q0, int64_t nq) {
+    load_tile(a.dout, b, h, q0, p.block_q, nq, s.d, dO.data(), p.dp);
+  }
+  // D = rowsum(dO * O), rounded as the dP GEMM rounds (after load_do).
+  void row_d(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h, int64_t q0,
+             int64_t nq, float* D) {
+    load_tile(a.o, b, h, q0, p.block_q, nq, s.d, O.data(), p.dp);
+    row_dots(p.block_q, s.d, dO.data(), O.data(), p.dp, D);
+  }
+  void load_k(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+              int64_t j0, int64_t nk) {
+    load_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, K.data(), p.dp);
+    transpose(kBlockK, p.dp, K.data(), p.dp, Kt.data(), kBlockK);
+  }
+  void load_v(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+              int64_t j0, int64_t nk) {
+    load_tile(a.v, b, hkv, j0, kBlockK, nk, s.d, V.data(), p.dp);
+    transpose(kBlockK, p.dp, V.data(), p.dp, Vt.data(), kBlockK);
+  }
+  // S = Q K^T.
+  void scores(const Shape& s, const Plan& p, float* S) {
+    gemm_nn(p.block_q, kBlockK, s.d, Q.data(), p.dp, Kt.data(), kBlockK, S, kBlockK, false);
+  }
+  // dP = dO V^T.
+  void score_grads(const Shape& s, const Plan& p, float* dP) {
+    gemm_nn(p.block_q, kBlockK, s.d, dO.data(), p.dp, Vt.data(), kBlockK, dP, kBlockK, false);
+  }
+  // dV += P^T dO, dK += dS^T Q.
+  void add_grads(const Plan& p, const float* P, const float* dS, float* dK, float* dV) {
+    const int64_t bq = p.block_q, dp = p.dp;
+    transpose(bq, kBlockK, P, kBlockK, trans.data(), bq);
+    gemm_nn(kBlockK, dp, bq, trans.data(), bq, dO.data(), dp, dV, dp, true);
+    transpose(bq, kBlockK, dS, kBlockK, trans.data(), bq);
+    gemm_nn(kBlockK, dp, bq, trans.data(), bq, Q.data(), dp, dK, dp, true);
+  }
+  // dQ += dS K.
+  void add_dq(const Plan& p, const float* dS, float* dq) {
+    gemm_nn(p.block_q, p.dp, kBlockK, dS, kBlockK, K.data(), p.dp, dq, p.dp, true);
+  }
+  // The statistics phase's online-softmax step on the scores S of rows
+  // q0 .. q0 + nq - 1 and keys j0 .. j0 + nk - 1: m and l updated.
+  void stats_step(const Shape& s, int64_t q0, int64_t nq, int64_t j0, int64_t nk, float* S,
+                  float* m, float* l) {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    for (int64_t r = 0; r < nq; ++r) {
+      float* row = S + r * kBlockK;
+      const Range cols = kept_columns(s, q0 + r, j0, nk);
+      if (cols.empty()) continue;
+      transform_row(s, row, kBlockK, cols.first, cols.last, nullptr);
+      float mx = neg_inf;
+      for (int64_t c = cols.first; c <= cols.last; ++c) mx = std::max(mx, row[c]);
+      const float m_new = std::max(m[r], mx);
+      const float alpha = std::exp(m[r] - m_new);
+      exp_sub(kBlockK, row, m_new, row);
+      float sum = 0.0f;
+      for (int64_t c = 0; c < kBlockK; ++c) sum += row[c];
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+    }
+  }
+  // P (in S) and dS (in dP) from the scores S and dP = dO V^T of a tile,
+  // the rows' m, 1 / l and D (T: scratch for the softcap's tanh).
+  void probabilities_and_ds(const Shape& s, const Plan& p, int64_t q0, int64_t j0, int64_t nk,
+                            float* S, float* dP, float* T, const float* m, const float* inv_l,
+                            const float* D) {
+    for (int64_t r = 0; r < p.block_q; ++r) {
+      float* row = S + r * kBlockK;
+      float* dp = dP + r * kBlockK;
+      float* t = T + r * kBlockK;
+      const Range cols = kept_columns(s, q0 + r, j0, nk);
+      if (cols.empty()) {
+        std::fill(row, row + kBlockK, 0.0f);
+        std::fill(dp, dp + kBlockK, 0.0f);
+        continue;
+      }
+      transform_row(s, row, kBlockK, cols.first, cols.last, t);
+      exp_sub(kBlockK, row, m[r], row);
+      const float inv = inv_l[r];
+      for (int64_t c = 0; c < kBlockK; ++c) row[c] *= inv;
+      const float Dr = D[r];
+      for (int64_t c = 0; c < kBlockK; ++c) dp[c] = row[c] * (dp[c] - Dr) * s.scale;
+      if (s.softcap > 0.0f)
+        for (int64_t c = 0; c < kBlockK; ++c) dp[c] *= 1.0f - t[c] * t[c];
+    }
+  }
+  void store(const TensorRef& t, int64_t b, int64_t h, int64_t row0, int64_t valid, int64_t d,
+             float* tile, int64_t ld) {
+    store_tile(t, b, h, row0, valid, d, tile, ld);
+  }
+};
+
+// The tile products on bf16 operands (bf16 I/O, bf16_dot_enabled()): Q, K,
+// V, dO as they are (S and dP from exact products), P and dS rounded to
+// bf16 for dV, dK and dQ, as the fused CUDA kernels feed them to the tensor
+// cores. A operands row-major, B operands pair-major (bf16_kernels.hpp).
+struct Bf16Tiles {
+  std::vector<uint16_t> Q, dO, O, K, V, Pt, dSt, dS;
+  std::vector<uint32_t> Qp, dOp, Kt, Vt, Kp;
+  std::vector<int64_t> lo, hi;  // each row's kept columns
+  Bf16Tiles(const Plan& p)
+      : Q(std::size_t(p.block_q * p.dp)),
+        dO(std::size_t(p.block_q * p.dp)),
+        O(std::size_t(p.block_q * p.dp)),
+        K(std::size_t(kBlockK * p.dp)),
+        V(std::size_t(kBlockK * p.dp)),
+        Pt(std::size_t(kBlockK * p.block_q)),
+        dSt(std::size_t(kBlockK * p.block_q)),
+        dS(std::size_t(p.block_q * kBlockK)),
+        Qp(std::size_t(p.block_q / 2 * p.dp)),
+        dOp(std::size_t(p.block_q / 2 * p.dp)),
+        Kt(std::size_t(p.dp / 2 * kBlockK)),
+        Vt(std::size_t(p.dp / 2 * kBlockK)),
+        Kp(std::size_t(kBlockK / 2 * p.dp)),
+        lo(std::size_t(p.block_q)),
+        hi(std::size_t(p.block_q)) {}
+  void load_q(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
+              int64_t q0, int64_t nq) {
+    load_tile_bf16(a.q, b, h, q0, p.block_q, nq, s.d, Q.data(), p.dp);
+    pair_rows(p.block_q, p.dp, Q.data(), p.dp, Qp.data(), p.dp);
+  }
+  void load_do(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
+               int64_t q0, int64_t nq) {
+    load_tile_bf16(a.dout, b, h, q0, p.block_q, nq, s.d, dO.data(), p.dp);
+    pair_rows(p.block_q, p.dp, dO.data(), p.dp, dOp.data(), p.dp);
+  }
+  void row_d(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h, int64_t q0,
+             int64_t nq, float* D) {
+    load_tile_bf16(a.o, b, h, q0, p.block_q, nq, s.d, O.data(), p.dp);
+    row_dots_bf16(p.block_q, round_up(s.d, 2), dO.data(), O.data(), p.dp, D);
+  }
+  void load_k(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+              int64_t j0, int64_t nk) {
+    load_tile_bf16(a.k, b, hkv, j0, kBlockK, nk, s.d, K.data(), p.dp);
+    transpose_pairs(kBlockK, p.dp, K.data(), p.dp, Kt.data(), kBlockK);
+    pair_rows(kBlockK, p.dp, K.data(), p.dp, Kp.data(), p.dp);
+  }
+  void load_v(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+              int64_t j0, int64_t nk) {
+    load_tile_bf16(a.v, b, hkv, j0, kBlockK, nk, s.d, V.data(), p.dp);
+    transpose_pairs(kBlockK, p.dp, V.data(), p.dp, Vt.data(), kBlockK);
+  }
+  void scores(const Shape& s, const Plan& p, float* S) {
+    gemm_bf16(p.block_q, kBlockK, round_up(s.d, 2), Q.data(), p.dp, Kt.data(), kBlockK, S, kBlockK,
+              false);
+  }
+  void score_grads(const Shape& s, const Plan& p, float* dP) {
+    gemm_bf16(p.block_q, kBlockK, round_up(s.d, 2), dO.data(), p.dp, Vt.data(), kBlockK, dP,
+              kBlockK, false);
+  }
+  void add_grads(const Plan& p, const float* P, const float* dSf, float* dK, float* dV) {
+    const int64_t bq = p.block_q, dp = p.dp;
+    round_to_bf16_transposed(bq, kBlockK, P, kBlockK, Pt.data(), bq);
+    gemm_bf16(kBlockK, dp, bq, Pt.data(), bq, dOp.data(), dp, dV, dp, true);
+    round_to_bf16_transposed(bq, kBlockK, dSf, kBlockK, dSt.data(), bq);
+    gemm_bf16(kBlockK, dp, bq, dSt.data(), bq, Qp.data(), dp, dK, dp, true);
+  }
+  void add_dq(const Plan& p, const float* dSf, float* dq) {
+    round_to_bf16(p.block_q, kBlockK, dSf, kBlockK, dS.data(), kBlockK);
+    gemm_bf16(p.block_q, p.dp, kBlockK, dS.data(), kBlockK, Kp.data(), p.dp, dq, p.dp, true);
+  }
+  ScoreRows rows_of(const Shape& s, int64_t q0, int64_t rows, int64_t j0, int64_t nk) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const Range cols = kept_columns(s, q0 + r, j0, nk);
+      lo[std::size_t(r)] = cols.first;
+      hi[std::size_t(r)] = cols.last;
+    }
+    return ScoreRows{lo.data(), hi.data(), s.scale, s.softcap};
+  }
+  void stats_step(const Shape& s, int64_t q0, int64_t nq, int64_t j0, int64_t nk, float* S,
+                  float* m, float* l) {
+    softmax_step_bf16(nq, S, rows_of(s, q0, nq, j0, nk), m, l, nullptr, 0, 0, nullptr);
+  }
+  void probabilities_and_ds(const Shape& s, const Plan& p, int64_t q0, int64_t j0, int64_t nk,
+                            float* S, float* dP, float*, const float* m, const float* inv_l,
+                            const float* D) {
+    probabilities_and_ds_bf16(p.block_q, S, dP, rows_of(s, q0, p.block_q, j0, nk), m, inv_l, D);
+  }
+  void store(const TensorRef& t, int64_t b, int64_t h, int64_t row0, int64_t valid, int64_t d,
+             float* tile, int64_t ld) {
+    for (int64_t r = 0; r < valid; ++r)
+      round_to_bf16(1, d, tile + r * ld, ld,
+                    static_cast<uint16_t*>(t.data) + cpu::element_offset(t, b, row0 + r, h), d);
+  }
+};
+
+// One thread's tiles: the path's operands and the f32 score side [bq][Bk],
+// dK / dV [Bk][dp], a dQ tile [bq][dp] and the loaded rows' statistics.
+template <class Tiles>
 struct Scratch {
-  std::vector<float> Q, dO, O, acc, K, Kt, V, Vt, dK, dV, S, T, dP, trans, D, m, inv_l;
+  Tiles tiles;
+  std::vector<float> S, T, dP, dK, dV, acc, D, m, inv_l;
   std::vector<float> group_dq;  // fuse_dq: [rep][q_blocks * bq][dp], one group's dQ
+  explicit Scratch(const Plan& p)
+      : tiles(p),
+        S(cpu::scratch_floats(p.block_q * kBlockK)),
+        T(cpu::scratch_floats(p.block_q * kBlockK)),
+        dP(cpu::scratch_floats(p.block_q * kBlockK)),
+        dK(cpu::scratch_floats(kBlockK * p.dp)),
+        dV(cpu::scratch_floats(kBlockK * p.dp)),
+        acc(cpu::scratch_floats(p.block_q * p.dp)),
+        D(cpu::scratch_floats(p.block_q)),
+        m(cpu::scratch_floats(p.block_q)),
+        inv_l(cpu::scratch_floats(p.block_q)) {}
 };
 
 // Whether dQ is added by the dK/dV tasks (one per (batch, kv head)): when
@@ -52,105 +277,76 @@ bool fuse_dq(const Shape& s, const Plan& p, int threads) {
   return pairs >= cpu::worker_count(std::max(pairs * p.k_blocks, s.B * s.H * p.q_blocks), threads);
 }
 
-// Row statistics of the first phase: max m and 1 / sum l per (b, h, i).
+// Row statistics of the first phase: max m, 1 / sum l and D = rowsum(dO *
+// O) per (b, h, i).
 struct RowStats {
-  std::vector<float> m, inv_l;
+  std::vector<float> m, inv_l, D;
   int64_t at(const Shape& s, int64_t b, int64_t h, int64_t i) const {
     return (b * s.H + h) * s.Tq + i;
   }
 };
 
-// The query side of a tile: Q, dO, D = rowsum(dO * O) and the row stats of
-// rows q0 .. q0 + nq - 1 of head h.
-void load_query_side(const detail::BackwardArgs& a, const Shape& s, const Plan& p,
-                     const RowStats& st, int64_t b, int64_t h, int64_t q0, int64_t nq, Scratch& w) {
-  const int64_t bq = p.block_q, dp = p.dp, d = s.d;
-  load_tile(a.q, b, h, q0, bq, nq, d, w.Q.data(), dp);
-  load_tile(a.dout, b, h, q0, bq, nq, d, w.dO.data(), dp);
-  load_tile(a.o, b, h, q0, bq, nq, d, w.O.data(), dp);
-  row_dots(bq, d, w.dO.data(), w.O.data(), dp, w.D.data());
-  for (int64_t r = 0; r < bq; ++r) {
-    w.m[r] = r < nq ? st.m[st.at(s, b, h, q0 + r)] : 0.0f;
-    w.inv_l[r] = r < nq ? st.inv_l[st.at(s, b, h, q0 + r)] : 0.0f;
+// The query side of a tile: Q, dO and the row stats (m, 1 / l, D) of rows
+// q0 .. q0 + nq - 1 of head h.
+template <class Tiles>
+void load_query_side(const BackwardArgs& a, const Shape& s, const Plan& p, const RowStats& st,
+                     int64_t b, int64_t h, int64_t q0, int64_t nq, Scratch<Tiles>& w) {
+  w.tiles.load_q(a, s, p, b, h, q0, nq);
+  w.tiles.load_do(a, s, p, b, h, q0, nq);
+  for (int64_t r = 0; r < p.block_q; ++r) {
+    const bool in = r < nq;
+    w.m[r] = in ? st.m[st.at(s, b, h, q0 + r)] : 0.0f;
+    w.inv_l[r] = in ? st.inv_l[st.at(s, b, h, q0 + r)] : 0.0f;
+    w.D[r] = in ? st.D[st.at(s, b, h, q0 + r)] : 0.0f;
   }
 }
 
-// The key side: K, V of keys j0 .. j0 + nk - 1 and their transposes.
-void load_key_side(const detail::BackwardArgs& a, const Shape& s, const Plan& p, int64_t b,
-                   int64_t hkv, int64_t j0, int64_t nk, Scratch& w) {
-  load_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, w.K.data(), p.dp);
-  load_tile(a.v, b, hkv, j0, kBlockK, nk, s.d, w.V.data(), p.dp);
-  transpose(kBlockK, p.dp, w.K.data(), p.dp, w.Kt.data(), kBlockK);
-  transpose(kBlockK, p.dp, w.V.data(), p.dp, w.Vt.data(), kBlockK);
+// The key side: K and V of keys j0 .. j0 + nk - 1.
+template <class Tiles>
+void load_key_side(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+                   int64_t j0, int64_t nk, Scratch<Tiles>& w) {
+  w.tiles.load_k(a, s, p, b, hkv, j0, nk);
+  w.tiles.load_v(a, s, p, b, hkv, j0, nk);
 }
 
 // P (in S) and dS (in dP) of the loaded query and key sides.
+template <class Tiles>
 void probabilities_and_ds(const Shape& s, const Plan& p, int64_t q0, int64_t j0, int64_t nk,
-                          Scratch& w) {
-  const int64_t bq = p.block_q, d = s.d;
-  gemm_nn(bq, kBlockK, d, w.Q.data(), p.dp, w.Kt.data(), kBlockK, w.S.data(), kBlockK, false);
-  gemm_nn(bq, kBlockK, d, w.dO.data(), p.dp, w.Vt.data(), kBlockK, w.dP.data(), kBlockK, false);
-  for (int64_t r = 0; r < bq; ++r) {
-    float* row = w.S.data() + r * kBlockK;
-    float* dp = w.dP.data() + r * kBlockK;
-    float* t = w.T.data() + r * kBlockK;
-    const Range cols = kept_columns(s, q0 + r, j0, nk);
-    if (cols.empty()) {
-      std::fill(row, row + kBlockK, 0.0f);
-      std::fill(dp, dp + kBlockK, 0.0f);
-      continue;
-    }
-    transform_row(s, row, kBlockK, cols.first, cols.last, t);
-    exp_sub(kBlockK, row, w.m[r], row);
-    const float inv = w.inv_l[r];
-    for (int64_t c = 0; c < kBlockK; ++c) row[c] *= inv;
-    const float D = w.D[r];
-    for (int64_t c = 0; c < kBlockK; ++c) dp[c] = row[c] * (dp[c] - D) * s.scale;
-    if (s.softcap > 0.0f)
-      for (int64_t c = 0; c < kBlockK; ++c) dp[c] *= 1.0f - t[c] * t[c];
-  }
+                          Scratch<Tiles>& w) {
+  w.tiles.scores(s, p, w.S.data());
+  w.tiles.score_grads(s, p, w.dP.data());
+  w.tiles.probabilities_and_ds(s, p, q0, j0, nk, w.S.data(), w.dP.data(), w.T.data(), w.m.data(),
+                               w.inv_l.data(), w.D.data());
 }
 
-// Phase 1: m and 1 / l of query block qb of head h, key blocks ascending
-// (the forward's online softmax without O).
-void row_stats(const detail::BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
-               int64_t qb, Scratch& w, RowStats& st) {
+// Phase 1: m, 1 / l and D of query block qb of head h, key blocks
+// ascending (the forward's online softmax without O).
+template <class Tiles>
+void row_stats(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
+               int64_t qb, Scratch<Tiles>& w, RowStats& st) {
   const int64_t bq = p.block_q, q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  load_tile(a.q, b, h, q0, bq, nq, s.d, w.Q.data(), p.dp);
+  w.tiles.load_q(a, s, p, b, h, q0, nq);
   std::fill(w.m.begin(), w.m.end(), neg_inf);
   std::fill(w.D.begin(), w.D.end(), 0.0f);  // l
   const Range blocks = key_blocks(s, q0, q0 + nq - 1);
   for (int64_t kb = blocks.first; kb <= blocks.last; ++kb) {
     const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
-    load_tile(a.k, b, h / s.rep, j0, kBlockK, nk, s.d, w.K.data(), p.dp);
-    transpose(kBlockK, p.dp, w.K.data(), p.dp, w.Kt.data(), kBlockK);
-    gemm_nn(bq, kBlockK, s.d, w.Q.data(), p.dp, w.Kt.data(), kBlockK, w.S.data(), kBlockK, false);
-    for (int64_t r = 0; r < nq; ++r) {
-      float* row = w.S.data() + r * kBlockK;
-      const Range cols = kept_columns(s, q0 + r, j0, nk);
-      if (cols.empty()) continue;
-      transform_row(s, row, kBlockK, cols.first, cols.last, nullptr);
-      float mx = neg_inf;
-      for (int64_t c = cols.first; c <= cols.last; ++c) mx = std::max(mx, row[c]);
-      const float m_new = std::max(w.m[r], mx);
-      const float alpha = std::exp(w.m[r] - m_new);
-      exp_sub(kBlockK, row, m_new, row);
-      float sum = 0.0f;
-      for (int64_t c = 0; c < kBlockK; ++c) sum += row[c];
-      w.D[r] = w.D[r] * alpha + sum;
-      w.m[r] = m_new;
-    }
+    w.tiles.load_k(a, s, p, b, h / s.rep, j0, nk);
+    w.tiles.scores(s, p, w.S.data());
+    w.tiles.stats_step(s, q0, nq, j0, nk, w.S.data(), w.m.data(), w.D.data());
   }
   for (int64_t r = 0; r < nq; ++r) {
     st.m[st.at(s, b, h, q0 + r)] = w.m[r];
     st.inv_l[st.at(s, b, h, q0 + r)] = w.D[r] > 0.0f ? 1.0f / w.D[r] : 0.0f;
   }
+  w.tiles.load_do(a, s, p, b, h, q0, nq);
+  w.tiles.row_d(a, s, p, b, h, q0, nq, w.D.data());
+  for (int64_t r = 0; r < nq; ++r) st.D[st.at(s, b, h, q0 + r)] = w.D[r];
 }
 
-}  // namespace
-
-void backward(const detail::BackwardArgs& args) {
+template <class Tiles>
+void run(const BackwardArgs& args) {
   const Shape s = detail::resolve(args.problem);
   const Plan plan = make_plan(s);
   const int64_t d = s.d, dp = plan.dp, bq = plan.block_q;
@@ -158,19 +354,12 @@ void backward(const detail::BackwardArgs& args) {
   const int64_t q_tasks = s.B * s.H * plan.q_blocks;
   const int threads = args.options.num_threads;
 
-  std::vector<Scratch> scratch(
-      static_cast<std::size_t>(cpu::worker_count(std::max(kv_tasks, q_tasks), threads)));
-  for (Scratch& w : scratch) {
-    for (std::vector<float>* v : {&w.Q, &w.dO, &w.O, &w.acc}) *v = cpu::scratch_floats(bq * dp);
-    for (std::vector<float>* v : {&w.K, &w.Kt, &w.V, &w.Vt, &w.dK, &w.dV})
-      *v = cpu::scratch_floats(kBlockK * dp);
-    for (std::vector<float>* v : {&w.S, &w.T, &w.dP, &w.trans})
-      *v = cpu::scratch_floats(bq * kBlockK);
-    w.D = cpu::scratch_floats(bq);
-    w.m = cpu::scratch_floats(bq);
-    w.inv_l = cpu::scratch_floats(bq);
-  }
-  RowStats stats{cpu::scratch_floats(s.B * s.H * s.Tq), cpu::scratch_floats(s.B * s.H * s.Tq)};
+  std::vector<Scratch<Tiles>> scratch;
+  const int64_t workers = cpu::worker_count(std::max(kv_tasks, q_tasks), threads);
+  scratch.reserve(static_cast<std::size_t>(workers));
+  for (int64_t i = 0; i < workers; ++i) scratch.emplace_back(plan);
+  const int64_t rows = s.B * s.H * s.Tq;
+  RowStats stats{cpu::scratch_floats(rows), cpu::scratch_floats(rows), cpu::scratch_floats(rows)};
 
   cpu::parallel_for(q_tasks, threads, [&](int64_t task, int64_t worker) {
     const int64_t qb = plan.q_blocks - 1 - task % plan.q_blocks;
@@ -181,7 +370,7 @@ void backward(const detail::BackwardArgs& args) {
 
   // One key block's dK, dV (and with fused_dq its dQ products): the
   // group's heads and the query blocks in the band in ascending order.
-  const auto key_block = [&](Scratch& w, int64_t b, int64_t hkv, int64_t kb, bool fused_dq) {
+  const auto key_block = [&](Scratch<Tiles>& w, int64_t b, int64_t hkv, int64_t kb, bool fused_dq) {
     const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
     load_key_side(args, s, plan, b, hkv, j0, nk, w);
     std::fill(w.dK.begin(), w.dK.end(), 0.0f);
@@ -192,32 +381,28 @@ void backward(const detail::BackwardArgs& args) {
         const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
         load_query_side(args, s, plan, stats, b, hkv * s.rep + g, q0, nq, w);
         probabilities_and_ds(s, plan, q0, j0, nk, w);
-        transpose(bq, kBlockK, w.S.data(), kBlockK, w.trans.data(), bq);
-        gemm_nn(kBlockK, dp, bq, w.trans.data(), bq, w.dO.data(), dp, w.dV.data(), dp, true);
-        transpose(bq, kBlockK, w.dP.data(), kBlockK, w.trans.data(), bq);
-        gemm_nn(kBlockK, dp, bq, w.trans.data(), bq, w.Q.data(), dp, w.dK.data(), dp, true);
-        if (fused_dq) {
-          float* dq = w.group_dq.data() + (g * plan.q_blocks * bq + q0) * dp;
-          gemm_nn(bq, dp, kBlockK, w.dP.data(), kBlockK, w.K.data(), dp, dq, dp, true);
-        }
+        w.tiles.add_grads(plan, w.S.data(), w.dP.data(), w.dK.data(), w.dV.data());
+        if (fused_dq)
+          w.tiles.add_dq(plan, w.dP.data(), w.group_dq.data() + (g * plan.q_blocks * bq + q0) * dp);
       }
     }
-    store_tile(args.dk, b, hkv, j0, nk, d, w.dK.data(), dp);
-    store_tile(args.dv, b, hkv, j0, nk, d, w.dV.data(), dp);
+    w.tiles.store(args.dk, b, hkv, j0, nk, d, w.dK.data(), dp);
+    w.tiles.store(args.dv, b, hkv, j0, nk, d, w.dV.data(), dp);
   };
 
   if (fuse_dq(s, plan, threads)) {
-    for (Scratch& w : scratch) w.group_dq = cpu::scratch_floats(s.rep * plan.q_blocks * bq * dp);
+    for (Scratch<Tiles>& w : scratch)
+      w.group_dq = cpu::scratch_floats(s.rep * plan.q_blocks * bq * dp);
     cpu::parallel_for(s.B * s.Hkv, threads, [&](int64_t task, int64_t worker) {
-      Scratch& w = scratch[static_cast<std::size_t>(worker)];
+      Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
       const int64_t hkv = task % s.Hkv, b = task / s.Hkv;
       std::fill(w.group_dq.begin(), w.group_dq.end(), 0.0f);
       for (int64_t kb = 0; kb < plan.k_blocks; ++kb) key_block(w, b, hkv, kb, true);
       for (int64_t g = 0; g < s.rep; ++g)
         for (int64_t qb = 0; qb < plan.q_blocks; ++qb) {
           const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
-          store_tile(args.dq, b, hkv * s.rep + g, q0, nq, d,
-                     w.group_dq.data() + (g * plan.q_blocks * bq + q0) * dp, dp);
+          w.tiles.store(args.dq, b, hkv * s.rep + g, q0, nq, d,
+                        w.group_dq.data() + (g * plan.q_blocks * bq + q0) * dp, dp);
         }
     });
     return;
@@ -232,7 +417,7 @@ void backward(const detail::BackwardArgs& args) {
 
   // dQ: one head's query block, its key blocks in ascending order.
   cpu::parallel_for(q_tasks, threads, [&](int64_t task, int64_t worker) {
-    Scratch& w = scratch[static_cast<std::size_t>(worker)];
+    Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
     const int64_t qb = plan.q_blocks - 1 - task % plan.q_blocks;
     const int64_t h = (task / plan.q_blocks) % s.H;
     const int64_t b = task / (plan.q_blocks * s.H);
@@ -244,10 +429,19 @@ void backward(const detail::BackwardArgs& args) {
       const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
       load_key_side(args, s, plan, b, h / s.rep, j0, nk, w);
       probabilities_and_ds(s, plan, q0, j0, nk, w);
-      gemm_nn(bq, dp, kBlockK, w.dP.data(), kBlockK, w.K.data(), dp, w.acc.data(), dp, true);
+      w.tiles.add_dq(plan, w.dP.data(), w.acc.data());
     }
-    store_tile(args.dq, b, h, q0, nq, d, w.acc.data(), dp);
+    w.tiles.store(args.dq, b, h, q0, nq, d, w.acc.data(), dp);
   });
+}
+
+}  // namespace
+
+void backward(const detail::BackwardArgs& args) {
+  if (args.q.dtype == DType::bf16 && bf16_dot_enabled())
+    run<Bf16Tiles>(args);
+  else
+    run<F32Tiles>(args);
 }
 
 }  // namespace gqattn::cpu_flash

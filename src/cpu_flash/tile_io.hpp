@@ -39,6 +39,24 @@ inline void load_tile(const TensorRef& t, int64_t b, int64_t head, int64_t row0,
   }
 }
 
+// rows x d elements of a bf16 tensor t (batch b, head, rows from row0) into
+// tile[rows][ld] as they are (16-bit words); columns d..ld and rows past
+// `valid` are zero. The bf16 tile path's load (bf16_kernels.hpp).
+inline void load_tile_bf16(const TensorRef& t, int64_t b, int64_t head, int64_t row0, int64_t rows,
+                           int64_t valid, int64_t d, uint16_t* tile, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* dst = tile + r * ld;
+    if (r < valid) {
+      const uint16_t* src =
+          static_cast<const uint16_t*>(t.data) + cpu::element_offset(t, b, row0 + r, head);
+      std::memcpy(dst, src, sizeof(uint16_t) * d);
+      std::memset(dst + d, 0, sizeof(uint16_t) * (ld - d));
+    } else {
+      std::memset(dst, 0, sizeof(uint16_t) * ld);
+    }
+  }
+}
+
 // The first `valid` rows of tile[.][ld] (d columns) to t, rounded to its dtype.
 inline void store_tile(const TensorRef& t, int64_t b, int64_t head, int64_t row0, int64_t valid,
                        int64_t d, float* tile, int64_t ld) {

@@ -1,0 +1,407 @@
+// The bf16 tile kernels (bf16_kernels.hpp): AVX-512 intrinsics under a
+// target attribute, run only where bf16_dot_supported() says the CPU has
+// them. Elsewhere (other compilers or architectures) they are stubs that
+// are never called.
+#include "cpu_flash/bf16_kernels.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GQATTN_BF16_DOT 1
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers pass a self-initialized "undefined" vector to
+// the unpack builtins, which -Wmaybe-uninitialized reports once inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#define GQATTN_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define GQATTN_BF16_INLINE GQATTN_BF16_TARGET __attribute__((always_inline)) inline
+#endif
+
+namespace gqattn::cpu_flash {
+namespace {
+
+std::atomic<bool> turned_off{false};
+
+}  // namespace
+
+bool bf16_dot_supported() {
+#ifdef GQATTN_BF16_DOT
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+bool bf16_dot_enabled() {
+  return bf16_dot_supported() && !turned_off.load(std::memory_order_relaxed);
+}
+
+bool set_bf16_dot(bool on) {
+  const bool was = bf16_dot_enabled();
+  turned_off.store(!on, std::memory_order_relaxed);
+  return was;
+}
+
+#ifdef GQATTN_BF16_DOT
+namespace {
+
+// MR rows by NV vectors of 16 columns of C: acc = (C or 0) + sum over pairs
+// kk ascending of vdpbf16ps(broadcast A[r][2kk..2kk+1], B[kk][columns]).
+template <int MR, int NV>
+GQATTN_BF16_INLINE void block_bf16(int64_t pairs, const uint16_t* A, int64_t lda, const uint32_t* B,
+                                   int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = accumulate ? _mm512_loadu_ps(C + r * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < pairs; ++kk) {
+    __m512i b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(B + kk * ldb + 16 * v);
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, A + r * lda + 2 * kk, 4);
+      const __m512i a = _mm512_set1_epi32(pair);
+      for (int v = 0; v < NV; ++v)
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)a, (__m512bh)b[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + 16 * v, acc[r][v]);
+}
+
+// Rows in blocks of MR (M a multiple of MR) for NV vectors of columns.
+template <int MR, int NV>
+GQATTN_BF16_INLINE void rows_bf16(int64_t M, int64_t pairs, const uint16_t* A, int64_t lda,
+                                  const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
+                                  bool accumulate) {
+  for (int64_t m = 0; m < M; m += MR)
+    block_bf16<MR, NV>(pairs, A + m * lda, lda, B, ldb, C + m * ldc, ldc, accumulate);
+}
+
+// 16 x 16 32-bit words in place: r[c] becomes column c (rows 0..15 in lanes).
+GQATTN_BF16_INLINE void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
+// 16 floats to bf16 as float_to_bf16 rounds them: to nearest, ties to
+// even, on the bits (subnormals kept); a NaN keeps its high half, quieted.
+GQATTN_BF16_INLINE __m256i to_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, is_nan, nan));
+}
+
+// exp_sub's exp(t / log2e) for t = (x - sub) * log2e: 2^n 2^f, n =
+// round(t), |f| <= 1/2, 2^f by its degree 7 Taylor polynomial; t below -126
+// (also -inf and NaN) gives 0.
+GQATTN_BF16_INLINE __m512 exp2_poly(__m512 t0) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(t0, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  const __m512 t =
+      _mm512_min_ps(_mm512_max_ps(t0, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);  // 1.5 * 2^23
+  const __m512 rn = _mm512_add_ps(t, magic);
+  const __m512 f = _mm512_sub_ps(t, _mm512_sub_ps(rn, magic));
+  __m512 p = _mm512_set1_ps(1.5252733804059840e-5f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381609e-4f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __m512i bits =
+      _mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(_mm512_castps_si512(rn), 23));
+  return _mm512_maskz_mov_ps(keep, _mm512_castsi512_ps(bits));
+}
+
+constexpr float kLog2e = 1.44269504088896341f;
+
+// Which of columns c0 .. c0 + 15 lie in [lo, hi].
+GQATTN_BF16_INLINE __mmask16 kept_lanes(int64_t c0, int64_t lo, int64_t hi) {
+  const __m512i c =
+      _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                       _mm512_set1_epi32(int32_t(c0)));
+  return _mm512_cmp_epi32_mask(c, _mm512_set1_epi32(int32_t(lo)), _MM_CMPINT_NLT) &
+         _mm512_cmp_epi32_mask(c, _mm512_set1_epi32(int32_t(hi)), _MM_CMPINT_LE);
+}
+
+// One score row's 64 values transformed (scale, softcap; the tanh kept in
+// t when asked): x[v] holds columns 16 v .. 16 v + 15.
+GQATTN_BF16_INLINE void transform_scores(const float* row, const ScoreRows& k, __m512 x[4],
+                                         __m512 t[4]) {
+  if (k.softcap > 0.0f) {
+    // The mirror's rounding: std::tanh, element by element.
+    alignas(64) float s[64], th[64];
+    for (int c = 0; c < 64; ++c) {
+      th[c] = std::tanh(row[c] * k.scale / k.softcap);
+      s[c] = k.softcap * th[c];
+    }
+    for (int v = 0; v < 4; ++v) {
+      x[v] = _mm512_load_ps(s + 16 * v);
+      if (t != nullptr) t[v] = _mm512_load_ps(th + 16 * v);
+    }
+    return;
+  }
+  for (int v = 0; v < 4; ++v)
+    x[v] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * v), _mm512_set1_ps(k.scale));
+}
+
+}  // namespace
+
+GQATTN_BF16_TARGET
+void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint32_t* B,
+               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  const int64_t pairs = K / 2;
+  int64_t n0 = 0;
+  for (; N - n0 >= 64; n0 += 64)
+    rows_bf16<4, 4>(M, pairs, A, lda, B + n0, ldb, C + n0, ldc, accumulate);
+  // 16 to 48 columns left: 8-row blocks where M allows, for enough
+  // independent accumulators to cover the instruction's latency.
+  const int64_t nv = (N - n0) / 16;
+  const bool tall = M % 8 == 0;
+  if (nv == 3) {
+    if (tall)
+      rows_bf16<8, 3>(M, pairs, A, lda, B + n0, ldb, C + n0, ldc, accumulate);
+    else
+      rows_bf16<4, 3>(M, pairs, A, lda, B + n0, ldb, C + n0, ldc, accumulate);
+  } else if (nv == 2) {
+    if (tall)
+      rows_bf16<8, 2>(M, pairs, A, lda, B + n0, ldb, C + n0, ldc, accumulate);
+    else
+      rows_bf16<4, 2>(M, pairs, A, lda, B + n0, ldb, C + n0, ldc, accumulate);
+  } else if (nv == 1) {
+    if (tall)
+      rows_bf16<8, 1>(M, pairs, A, lda, B + n0, ldb, C + n0, ldc, accumulate);
+    else
+      rows_bf16<4, 1>(M, pairs, A, lda, B + n0, ldb, C + n0, ldc, accumulate);
+  }
+}
+
+GQATTN_BF16_TARGET
+void row_dots_bf16(int64_t rows, int64_t n, const uint16_t* A, const uint16_t* B, int64_t ld,
+                   float* out) {
+  // Lane r holds row r0 + r: its pairs gathered, then the GEMM's
+  // vdpbf16ps(acc, A's pair, B's pair) per pair, ascending.
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i index = _mm512_mullo_epi32(lane, _mm512_set1_epi32(int32_t(ld / 2)));
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t left = rows - r0;
+    const __mmask16 mask = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < n / 2; ++kk) {
+      const __m512i a =
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, index, A + r0 * ld + 2 * kk, 4);
+      const __m512i b =
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, index, B + r0 * ld + 2 * kk, 4);
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+    }
+    _mm512_mask_storeu_ps(out + r0, mask, acc);
+  }
+}
+
+GQATTN_BF16_TARGET
+void round_to_bf16(int64_t rows, int64_t cols, const float* src, int64_t lds, uint16_t* dst,
+                   int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; c += 16) {
+      const int64_t left = cols - c;
+      const __mmask16 mask = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      const __m256i x = to_bf16(_mm512_maskz_loadu_ps(mask, src + r * lds + c));
+      _mm256_mask_storeu_epi16(dst + r * ldd + c, mask, x);
+    }
+}
+
+GQATTN_BF16_TARGET
+void round_to_bf16_transposed(int64_t rows, int64_t cols, const float* src, int64_t lds,
+                              uint16_t* dst, int64_t ldd) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t left = rows - r0;
+    const __mmask16 mask = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      __m512i x[16];
+      for (int r = 0; r < 16; ++r)
+        x[r] = r < left ? _mm512_castps_si512(_mm512_loadu_ps(src + (r0 + r) * lds + c0))
+                        : _mm512_setzero_si512();
+      transpose16(x);
+      for (int c = 0; c < 16; ++c)
+        _mm256_mask_storeu_epi16(dst + (c0 + c) * ldd + r0, mask,
+                                 to_bf16(_mm512_castsi512_ps(x[c])));
+    }
+  }
+}
+
+GQATTN_BF16_TARGET
+void pair_rows(int64_t rows, int64_t cols, const uint16_t* src, int64_t lds, uint32_t* dst,
+               int64_t ldd) {
+  // Words 0..15 of a row pair's 16-column chunk: element c of row r, then of r + 1.
+  static const uint16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_loadu_si512(order);
+  for (int64_t r = 0; r < rows; r += 2)
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + r * lds + c));
+      const __m256i hi =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (r + 1) * lds + c));
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      _mm512_storeu_si512(dst + (r / 2) * ldd + c, _mm512_permutexvar_epi16(interleave, both));
+    }
+}
+
+GQATTN_BF16_TARGET
+void transpose_pairs(int64_t rows, int64_t cols, const uint16_t* src, int64_t lds, uint32_t* dst,
+                     int64_t ldd) {
+  const int64_t words = cols / 2, ldw = lds / 2;
+  for (int64_t r0 = 0; r0 < rows; r0 += 16)
+    for (int64_t w0 = 0; w0 < words; w0 += 16) {
+      const int64_t left = words - w0 < 16 ? words - w0 : 16;
+      const __mmask16 mask = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      __m512i x[16];
+      for (int r = 0; r < 16; ++r)
+        x[r] = _mm512_maskz_loadu_epi32(mask, src + 2 * ((r0 + r) * ldw + w0));
+      transpose16(x);
+      for (int64_t w = 0; w < left; ++w) _mm512_storeu_si512(dst + (w0 + w) * ldd + r0, x[w]);
+    }
+}
+
+GQATTN_BF16_TARGET
+void softmax_step_bf16(int64_t rows, float* S, const ScoreRows& k, float* m, float* l, float* O,
+                       int64_t ldo, int64_t o_cols, uint16_t* P) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = S + r * 64;
+    if (k.lo[r] > k.hi[r]) {
+      if (P != nullptr)
+        for (int v = 0; v < 4; ++v)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(P + r * 64 + 16 * v),
+                              _mm256_setzero_si256());
+      continue;
+    }
+    __m512 x[4];
+    __mmask16 kept[4];
+    transform_scores(row, k, x, nullptr);
+    __m512 mx = neg_inf;
+    for (int v = 0; v < 4; ++v) {
+      kept[v] = kept_lanes(16 * v, k.lo[r], k.hi[r]);
+      mx = _mm512_mask_max_ps(mx, kept[v], mx, x[v]);
+    }
+    const float m_old = m[r];
+    const float m_new = std::max(m_old, _mm512_reduce_max_ps(mx));
+    // alpha = exp(m_old - m_new): 0 while m was -inf.
+    const float alpha = _mm512_cvtss_f32(exp2_poly(_mm512_set1_ps((m_old - m_new) * kLog2e)));
+    const __m512 sub = _mm512_set1_ps(m_new), log2e = _mm512_set1_ps(kLog2e);
+    __m512 p[4];
+    for (int v = 0; v < 4; ++v)
+      p[v] =
+          _mm512_maskz_mov_ps(kept[v], exp2_poly(_mm512_mul_ps(_mm512_sub_ps(x[v], sub), log2e)));
+    const float sum =
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
+    l[r] = l[r] * alpha + sum;
+    m[r] = m_new;
+    if (P != nullptr)
+      for (int v = 0; v < 4; ++v)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(P + r * 64 + 16 * v), to_bf16(p[v]));
+    if (O != nullptr && alpha != 1.0f) {
+      float* o = O + r * ldo;
+      const __m512 a = _mm512_set1_ps(alpha);
+      for (int64_t c = 0; c < o_cols; c += 16)
+        _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), a));
+    }
+  }
+}
+
+GQATTN_BF16_TARGET
+void probabilities_and_ds_bf16(int64_t rows, float* S, float* dP, const ScoreRows& k,
+                               const float* m, const float* inv_l, const float* D) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = S + r * 64;
+    float* dp = dP + r * 64;
+    if (k.lo[r] > k.hi[r]) {
+      for (int v = 0; v < 4; ++v) {
+        _mm512_storeu_ps(row + 16 * v, _mm512_setzero_ps());
+        _mm512_storeu_ps(dp + 16 * v, _mm512_setzero_ps());
+      }
+      continue;
+    }
+    __m512 x[4], t[4];
+    transform_scores(row, k, x, t);
+    const __m512 sub = _mm512_set1_ps(m[r]), log2e = _mm512_set1_ps(kLog2e);
+    const __m512 inv = _mm512_set1_ps(inv_l[r]), d = _mm512_set1_ps(D[r]);
+    const __m512 scale = _mm512_set1_ps(k.scale);
+    for (int v = 0; v < 4; ++v) {
+      const __mmask16 kept = kept_lanes(16 * v, k.lo[r], k.hi[r]);
+      const __m512 p = _mm512_mul_ps(
+          _mm512_maskz_mov_ps(kept, exp2_poly(_mm512_mul_ps(_mm512_sub_ps(x[v], sub), log2e))),
+          inv);
+      __m512 ds =
+          _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), d)), scale);
+      if (k.softcap > 0.0f)
+        ds = _mm512_mul_ps(ds, _mm512_fnmadd_ps(t[v], t[v], _mm512_set1_ps(1.0f)));
+      _mm512_storeu_ps(row + 16 * v, p);
+      _mm512_storeu_ps(dp + 16 * v, ds);
+    }
+  }
+}
+
+#else  // no AVX512-BF16 code on this compiler or architecture: never called
+
+void gemm_bf16(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint32_t*, int64_t,
+               float*, int64_t, bool) {
+  std::abort();
+}
+void row_dots_bf16(int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, float*) {
+  std::abort();
+}
+void round_to_bf16(int64_t, int64_t, const float*, int64_t, uint16_t*, int64_t) { std::abort(); }
+void round_to_bf16_transposed(int64_t, int64_t, const float*, int64_t, uint16_t*, int64_t) {
+  std::abort();
+}
+void pair_rows(int64_t, int64_t, const uint16_t*, int64_t, uint32_t*, int64_t) { std::abort(); }
+void transpose_pairs(int64_t, int64_t, const uint16_t*, int64_t, uint32_t*, int64_t) {
+  std::abort();
+}
+void softmax_step_bf16(int64_t, float*, const ScoreRows&, float*, float*, float*, int64_t, int64_t,
+                       uint16_t*) {
+  std::abort();
+}
+void probabilities_and_ds_bf16(int64_t, float*, float*, const ScoreRows&, const float*,
+                               const float*, const float*) {
+  std::abort();
+}
+
+#endif
+
+}  // namespace gqattn::cpu_flash
