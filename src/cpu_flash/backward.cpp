@@ -215,13 +215,13 @@ struct Bf16Tiles {
   }
   void add_grads(const Plan& p, const float* P, const float* dSf, float* dK, float* dV) {
     const int64_t bq = p.block_q, dp = p.dp;
-    round_to_bf16_transposed(bq, kBlockK, P, kBlockK, Pt.data(), bq);
+    operands_to_bf16_transposed(bq, kBlockK, P, kBlockK, Pt.data(), bq);
     gemm_bf16(kBlockK, dp, bq, Pt.data(), bq, dOp.data(), dp, dV, dp, true);
-    round_to_bf16_transposed(bq, kBlockK, dSf, kBlockK, dSt.data(), bq);
+    operands_to_bf16_transposed(bq, kBlockK, dSf, kBlockK, dSt.data(), bq);
     gemm_bf16(kBlockK, dp, bq, dSt.data(), bq, Qp.data(), dp, dK, dp, true);
   }
   void add_dq(const Plan& p, const float* dSf, float* dq) {
-    round_to_bf16(p.block_q, kBlockK, dSf, kBlockK, dS.data(), kBlockK);
+    operands_to_bf16(p.block_q, kBlockK, dSf, kBlockK, dS.data(), kBlockK);
     gemm_bf16(p.block_q, p.dp, kBlockK, dS.data(), kBlockK, Kp.data(), p.dp, dq, p.dp, true);
   }
   ScoreRows rows_of(const Shape& s, int64_t q0, int64_t rows, int64_t j0, int64_t nk) {

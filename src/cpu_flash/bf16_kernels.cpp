@@ -125,6 +125,11 @@ GQATTN_BF16_INLINE __m256i to_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, is_nan, nan));
 }
 
+// 16 floats to bf16 as an operand of vdpbf16ps: the instruction's own
+// conversion (to nearest even as to_bf16, one instruction), which turns
+// subnormals into zeros, as vdpbf16ps reads them anyway.
+GQATTN_BF16_INLINE __m256i to_bf16_operand(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+
 // exp_sub's exp(t / log2e) for t = (x - sub) * log2e: 2^n 2^f, n =
 // round(t), |f| <= 1/2, 2^f by its degree 7 Taylor polynomial; t below -126
 // (also -inf and NaN) gives 0.
@@ -246,8 +251,17 @@ void round_to_bf16(int64_t rows, int64_t cols, const float* src, int64_t lds, ui
 }
 
 GQATTN_BF16_TARGET
-void round_to_bf16_transposed(int64_t rows, int64_t cols, const float* src, int64_t lds,
-                              uint16_t* dst, int64_t ldd) {
+void operands_to_bf16(int64_t rows, int64_t cols, const float* src, int64_t lds, uint16_t* dst,
+                      int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; c += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + r * ldd + c),
+                          to_bf16_operand(_mm512_loadu_ps(src + r * lds + c)));
+}
+
+GQATTN_BF16_TARGET
+void operands_to_bf16_transposed(int64_t rows, int64_t cols, const float* src, int64_t lds,
+                                 uint16_t* dst, int64_t ldd) {
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     const int64_t left = rows - r0;
     const __mmask16 mask = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
@@ -259,7 +273,7 @@ void round_to_bf16_transposed(int64_t rows, int64_t cols, const float* src, int6
       transpose16(x);
       for (int c = 0; c < 16; ++c)
         _mm256_mask_storeu_epi16(dst + (c0 + c) * ldd + r0, mask,
-                                 to_bf16(_mm512_castsi512_ps(x[c])));
+                                 to_bf16_operand(_mm512_castsi512_ps(x[c])));
     }
   }
 }
@@ -300,45 +314,78 @@ void transpose_pairs(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld
 GQATTN_BF16_TARGET
 void softmax_step_bf16(int64_t rows, float* S, const ScoreRows& k, float* m, float* l, float* O,
                        int64_t ldo, int64_t o_cols, uint16_t* P) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = S + r * 64;
-    if (k.lo[r] > k.hi[r]) {
-      if (P != nullptr)
-        for (int v = 0; v < 4; ++v)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(P + r * 64 + 16 * v),
-                              _mm256_setzero_si256());
-      continue;
+  // In blocks of 16 rows and in phases, so that no row's chain (max, then
+  // alpha, then the exps, then the sum) waits on the previous row's: the
+  // maxima, then the 16 rows' alphas in one vector, then the exps and sums.
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const __m512 log2e = _mm512_set1_ps(kLog2e);
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t n = std::min<int64_t>(16, rows - r0);
+    const __mmask16 lanes = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+    alignas(64) float mx[16], alpha[16], m_new[16], sum[16];
+    __mmask16 empty = 0;
+    // Scores transformed in place (-inf outside the kept columns) and each
+    // row's maximum.
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = r0 + i;
+      float* row = S + r * 64;
+      mx[i] = neg_inf;
+      if (k.lo[r] > k.hi[r]) {
+        empty = __mmask16(empty | (1u << i));
+        continue;
+      }
+      __m512 x[4];
+      transform_scores(row, k, x, nullptr);
+      __m512 most = _mm512_set1_ps(neg_inf);
+      for (int v = 0; v < 4; ++v) {
+        x[v] =
+            _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), kept_lanes(16 * v, k.lo[r], k.hi[r]), x[v]);
+        most = _mm512_max_ps(most, x[v]);
+        _mm512_storeu_ps(row + 16 * v, x[v]);
+      }
+      mx[i] = _mm512_reduce_max_ps(most);
     }
-    __m512 x[4];
-    __mmask16 kept[4];
-    transform_scores(row, k, x, nullptr);
-    __m512 mx = neg_inf;
-    for (int v = 0; v < 4; ++v) {
-      kept[v] = kept_lanes(16 * v, k.lo[r], k.hi[r]);
-      mx = _mm512_mask_max_ps(mx, kept[v], mx, x[v]);
-    }
-    const float m_old = m[r];
-    const float m_new = std::max(m_old, _mm512_reduce_max_ps(mx));
-    // alpha = exp(m_old - m_new): 0 while m was -inf.
-    const float alpha = _mm512_cvtss_f32(exp2_poly(_mm512_set1_ps((m_old - m_new) * kLog2e)));
-    const __m512 sub = _mm512_set1_ps(m_new), log2e = _mm512_set1_ps(kLog2e);
-    __m512 p[4];
-    for (int v = 0; v < 4; ++v)
-      p[v] =
-          _mm512_maskz_mov_ps(kept[v], exp2_poly(_mm512_mul_ps(_mm512_sub_ps(x[v], sub), log2e)));
-    const float sum =
-        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
-    l[r] = l[r] * alpha + sum;
-    m[r] = m_new;
-    if (P != nullptr)
+    // m_new = max(m, row max), alpha = exp(m - m_new): 0 while m was -inf;
+    // rows keeping nothing keep m and get alpha = 1.
+    const __m512 m_old = _mm512_maskz_loadu_ps(lanes, m + r0);
+    const __m512 most = _mm512_max_ps(m_old, _mm512_load_ps(mx));
+    const __m512 a = exp2_poly(_mm512_mul_ps(_mm512_sub_ps(m_old, most), log2e));
+    _mm512_store_ps(m_new, _mm512_mask_mov_ps(most, empty, m_old));
+    _mm512_store_ps(alpha, _mm512_mask_mov_ps(a, empty, _mm512_set1_ps(1.0f)));
+    _mm512_mask_storeu_ps(m + r0, lanes, _mm512_load_ps(m_new));
+    // P = exp(s - m_new) and its sum per row.
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = r0 + i;
+      uint16_t* prow = P != nullptr ? P + r * 64 : nullptr;
+      sum[i] = 0.0f;
+      if (empty & (1u << i)) {
+        if (prow != nullptr)
+          for (int v = 0; v < 4; ++v)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + 16 * v), _mm256_setzero_si256());
+        continue;
+      }
+      const float* row = S + r * 64;
+      const __m512 sub = _mm512_set1_ps(m_new[i]);
+      __m512 p[4];
       for (int v = 0; v < 4; ++v)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(P + r * 64 + 16 * v), to_bf16(p[v]));
-    if (O != nullptr && alpha != 1.0f) {
-      float* o = O + r * ldo;
-      const __m512 a = _mm512_set1_ps(alpha);
+        p[v] = exp2_poly(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(row + 16 * v), sub), log2e));
+      sum[i] =
+          _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
+      if (prow != nullptr)
+        for (int v = 0; v < 4; ++v)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + 16 * v), to_bf16_operand(p[v]));
+    }
+    // l = l * alpha + sum; O's rows times alpha where it is not 1.
+    const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes, l + r0),
+                                         _mm512_load_ps(alpha), _mm512_load_ps(sum));
+    _mm512_mask_storeu_ps(l + r0, lanes, l_new);
+    if (O == nullptr) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      if (alpha[i] == 1.0f) continue;
+      float* o = O + (r0 + i) * ldo;
+      const __m512 scale = _mm512_set1_ps(alpha[i]);
       for (int64_t c = 0; c < o_cols; c += 16)
-        _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), a));
+        _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), scale));
     }
   }
 }
@@ -386,7 +433,8 @@ void row_dots_bf16(int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, 
   std::abort();
 }
 void round_to_bf16(int64_t, int64_t, const float*, int64_t, uint16_t*, int64_t) { std::abort(); }
-void round_to_bf16_transposed(int64_t, int64_t, const float*, int64_t, uint16_t*, int64_t) {
+void operands_to_bf16(int64_t, int64_t, const float*, int64_t, uint16_t*, int64_t) { std::abort(); }
+void operands_to_bf16_transposed(int64_t, int64_t, const float*, int64_t, uint16_t*, int64_t) {
   std::abort();
 }
 void pair_rows(int64_t, int64_t, const uint16_t*, int64_t, uint32_t*, int64_t) { std::abort(); }

@@ -49,10 +49,16 @@ void row_dots_bf16(int64_t rows, int64_t n, const uint16_t* A, const uint16_t* B
 void round_to_bf16(int64_t rows, int64_t cols, const float* src, int64_t lds, uint16_t* dst,
                    int64_t ldd);
 
-// dst[c][r] = bf16(src[r][c]) for r < rows, c < cols (a multiple of 16),
-// rounded as round_to_bf16: the transposed A operand (P^T, dS^T) of a tile.
-void round_to_bf16_transposed(int64_t rows, int64_t cols, const float* src, int64_t lds,
-                              uint16_t* dst, int64_t ldd);
+// An A operand (dS) of a tile: dst[r][c] = bf16(src[r][c]), c < cols (a
+// multiple of 16), by the instruction's conversion: to nearest even as
+// round_to_bf16, but subnormals become zeros (as vdpbf16ps reads them).
+void operands_to_bf16(int64_t rows, int64_t cols, const float* src, int64_t lds, uint16_t* dst,
+                      int64_t ldd);
+
+// The transposed A operand (P^T, dS^T) of a tile: dst[c][r] = bf16(src[r][c])
+// for r < rows, c < cols (a multiple of 16), rounded as operands_to_bf16.
+void operands_to_bf16_transposed(int64_t rows, int64_t cols, const float* src, int64_t lds,
+                                 uint16_t* dst, int64_t ldd);
 
 // The pair-major B operand of a row-major bf16 tile src[rows][cols]:
 // dst[r / 2][c] = src[r][c] | src[r + 1][c] << 16; rows even, cols a
@@ -84,8 +90,8 @@ struct ScoreRows {
 // with O and P null) on S[rows][64] in place: m_new = max(m, kept s), alpha
 // = exp(m - m_new), P = exp(s - m_new) (0 outside the kept columns), l = l *
 // alpha + sum P, O's row (o_cols floats, ldo apart) times alpha where alpha
-// != 1, and P rounded to bf16 into P[rows][64]. Rows keeping nothing get P
-// = 0 and keep their m, l and O.
+// != 1, and P rounded to bf16 (as operands_to_bf16) into P[rows][64]. Rows
+// keeping nothing get P = 0 and keep their m, l and O.
 void softmax_step_bf16(int64_t rows, float* S, const ScoreRows& k, float* m, float* l, float* O,
                        int64_t ldo, int64_t o_cols, uint16_t* P);
 

@@ -17,7 +17,9 @@
 // The kernel tests and the fast path's checks skip on CPUs without the
 // instructions; the fallback's run everywhere.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <random>
 #include <string>
@@ -112,7 +114,7 @@ TEST(CpuFlashBf16Kernels, PackingLayouts) {
     }
 }
 
-TEST(CpuFlashBf16Kernels, RoundingToNearestEvenAndTransposed) {
+TEST(CpuFlashBf16Kernels, RoundingToNearestEven) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 3.0f);
@@ -123,18 +125,32 @@ TEST(CpuFlashBf16Kernels, RoundingToNearestEvenAndTransposed) {
     src[0] = value_of(0x3f80) + 0x1p-8f;  // a tie between 1 and 1 + 2^-7: to 1
     src[1] = value_of(0x3f81) + 0x1p-8f;  // a tie above an odd value: up
     src[2] = -0.0f;
-    std::vector<uint16_t> rounded(rows * cols), trans(cols * (rows + 4), 0xdead);
+    src[3] = 0x1.8p-130f;  // subnormal: kept by round_to_bf16, zero as an operand
+    src[4] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<uint16_t> rounded(rows * cols), operands(rows * cols, 0xdead),
+        trans(cols * (rows + 4), 0xdead);
     cpu_flash::round_to_bf16(rows, cols, src.data(), lds, rounded.data(), cols);
-    cpu_flash::round_to_bf16_transposed(rows, cols, src.data(), lds, trans.data(), rows + 4);
+    cpu_flash::operands_to_bf16(rows, cols, src.data(), lds, operands.data(), cols);
+    cpu_flash::operands_to_bf16_transposed(rows, cols, src.data(), lds, trans.data(), rows + 4);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) {
         const uint16_t want = bits_of(src[r * lds + c]);
         ASSERT_EQ(rounded[r * cols + c], want) << r << ", " << c;
+        if (r == 0 && (c == 3 || c == 4)) continue;
+        ASSERT_EQ(operands[r * cols + c], want) << r << ", " << c;
         ASSERT_EQ(trans[c * (rows + 4) + r], want) << r << ", " << c;
       }
     EXPECT_EQ(rounded[0], 0x3f80);
     EXPECT_EQ(rounded[1], 0x3f82);
     EXPECT_EQ(rounded[2], 0x8000);
+    EXPECT_EQ(rounded[3], bits_of(0x1.8p-130f));
+    EXPECT_NE(rounded[3], 0);
+    EXPECT_EQ(operands[3], 0);
+    EXPECT_EQ(trans[3 * (rows + 4)], 0);
+    EXPECT_TRUE(std::isnan(value_of(rounded[4])));
+    // The rows past `rows` of the transposed tile stay untouched.
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = rows; r < rows + 4; ++r) ASSERT_EQ(trans[c * (rows + 4) + r], 0xdead);
   }
 }
 
