@@ -150,11 +150,11 @@ inline bool has_nan(const std::vector<float>& x) {
   return std::any_of(x.begin(), x.end(), [](float value) { return std::isnan(value); });
 }
 
-// forward, then backward with forward's o and lse, on the cpu backend through
+// forward, then backward with forward's o and lse, on `backend` through
 // the public API. Outputs start as NaN; a NaN left in an output (an element
 // never written) or a write outside a view is a test failure.
-inline Outputs run_cpu(const Inputs& in, DType dtype = DType::f32, Layout layout = Layout::packed,
-                       int num_threads = 0) {
+inline Outputs run_on(Backend backend, const Inputs& in, DType dtype = DType::f32,
+                      Layout layout = Layout::packed, int num_threads = 0) {
   const Problem& p = in.problem;
   const int64_t qs[4] = {p.B, p.Tq, p.H, p.d}, ks[4] = {p.B, p.Tk, p.Hkv, p.d};
   const int64_t ls[4] = {p.B, p.H, p.Tq, 1};
@@ -167,7 +167,7 @@ inline Outputs run_cpu(const Inputs& in, DType dtype = DType::f32, Layout layout
   v.fill(in.v);
   dout.fill(in.dout);
   Options options;
-  options.backend = Backend::Cpu;
+  options.backend = backend;
   options.num_threads = num_threads;
   forward(p, q.ref(), k.ref(), v.ref(), o.ref(), lse.ref(), options);
   backward(p, q.ref(), k.ref(), v.ref(), o.ref(), lse.ref(), dout.ref(), dq.ref(), dk.ref(),
@@ -179,6 +179,11 @@ inline Outputs run_cpu(const Inputs& in, DType dtype = DType::f32, Layout layout
   for (const HostTensor* t : {&o, &lse, &dq, &dk, &dv})
     EXPECT_TRUE(t->padding_untouched()) << "a write landed outside an output's view";
   return out;
+}
+
+inline Outputs run_cpu(const Inputs& in, DType dtype = DType::f32, Layout layout = Layout::packed,
+                       int num_threads = 0) {
+  return run_on(Backend::Cpu, in, dtype, layout, num_threads);
 }
 
 inline std::vector<double> to_double(const std::vector<float>& x) {

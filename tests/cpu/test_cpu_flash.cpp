@@ -28,35 +28,6 @@
 namespace gqattn::test {
 namespace {
 
-// run_cpu's forward then backward, on `backend`.
-Outputs run_on(Backend backend, const Inputs& in, DType dtype = DType::f32,
-               Layout layout = Layout::packed, int num_threads = 0) {
-  const Problem& p = in.problem;
-  const int64_t qs[4] = {p.B, p.Tq, p.H, p.d}, ks[4] = {p.B, p.Tk, p.Hkv, p.d};
-  const int64_t ls[4] = {p.B, p.H, p.Tq, 1};
-  HostTensor q(dtype, layout, 4, qs), k(dtype, layout, 4, ks), v(dtype, layout, 4, ks);
-  HostTensor dout(dtype, layout, 4, qs), o(dtype, layout, 4, qs), dq(dtype, layout, 4, qs);
-  HostTensor dk(dtype, layout, 4, ks), dv(dtype, layout, 4, ks);
-  HostTensor lse(DType::f32, layout, 3, ls);
-  q.fill(in.q);
-  k.fill(in.k);
-  v.fill(in.v);
-  dout.fill(in.dout);
-  Options options;
-  options.backend = backend;
-  options.num_threads = num_threads;
-  forward(p, q.ref(), k.ref(), v.ref(), o.ref(), lse.ref(), options);
-  backward(p, q.ref(), k.ref(), v.ref(), o.ref(), lse.ref(), dout.ref(), dq.ref(), dk.ref(),
-           dv.ref(), options);
-  Outputs out{o.read(), lse.read(), dq.read(), dk.read(), dv.read()};
-  EXPECT_FALSE(has_nan(out.o) || has_nan(out.lse) || has_nan(out.dq) || has_nan(out.dk) ||
-               has_nan(out.dv))
-      << "an output element was not written (still NaN) or is NaN";
-  for (const HostTensor* t : {&o, &lse, &dq, &dk, &dv})
-    EXPECT_TRUE(t->padding_untouched()) << "a write landed outside an output's view";
-  return out;
-}
-
 float round_to(DType dtype, float value) {
   return dtype == DType::bf16 ? bf16_to_float(float_to_bf16(value))
                               : f16_to_float(float_to_f16(value));

@@ -185,31 +185,7 @@ TEST(CpuFlashBf16Kernels, RowDotsRoundAsTheGemm) {
 // ---- the backend on both paths ---------------------------------------------
 
 Outputs run_flash(const Inputs& in, Layout layout, int num_threads = 0) {
-  const Problem& p = in.problem;
-  const int64_t qs[4] = {p.B, p.Tq, p.H, p.d}, ks[4] = {p.B, p.Tk, p.Hkv, p.d};
-  const int64_t ls[4] = {p.B, p.H, p.Tq, 1};
-  const DType dt = DType::bf16;
-  HostTensor q(dt, layout, 4, qs), k(dt, layout, 4, ks), v(dt, layout, 4, ks);
-  HostTensor dout(dt, layout, 4, qs), o(dt, layout, 4, qs), dq(dt, layout, 4, qs);
-  HostTensor dk(dt, layout, 4, ks), dv(dt, layout, 4, ks);
-  HostTensor lse(DType::f32, layout, 3, ls);
-  q.fill(in.q);
-  k.fill(in.k);
-  v.fill(in.v);
-  dout.fill(in.dout);
-  Options options;
-  options.backend = Backend::CpuFlash;
-  options.num_threads = num_threads;
-  forward(p, q.ref(), k.ref(), v.ref(), o.ref(), lse.ref(), options);
-  backward(p, q.ref(), k.ref(), v.ref(), o.ref(), lse.ref(), dout.ref(), dq.ref(), dk.ref(),
-           dv.ref(), options);
-  Outputs out{o.read(), lse.read(), dq.read(), dk.read(), dv.read()};
-  EXPECT_FALSE(has_nan(out.o) || has_nan(out.lse) || has_nan(out.dq) || has_nan(out.dk) ||
-               has_nan(out.dv))
-      << "an output element was not written (still NaN) or is NaN";
-  for (const HostTensor* t : {&o, &lse, &dq, &dk, &dv})
-    EXPECT_TRUE(t->padding_untouched()) << "a write landed outside an output's view";
-  return out;
+  return run_on(Backend::CpuFlash, in, DType::bf16, layout, num_threads);
 }
 
 Inputs bf16_inputs(const Problem& p, uint64_t seed) {
