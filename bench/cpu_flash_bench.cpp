@@ -1,7 +1,8 @@
 // A small timing driver for bench/cpu_side_by_side.py: one shape through the
 // public API on host tensors (B, T, H, Hkv, d, causal, dtype, backend,
-// threads), forward and forward + backward, median of `reps` runs after one
-// warm-up, printed as one JSON object. Built by the script against a
+// threads, and optionally a window and a softcap), forward and forward +
+// backward, median of `reps` runs after one warm-up, printed as one JSON
+// object. Built by the script against a
 // library build (c++ -O2 -Iinclude ... libgqattn.a -lpthread).
 #include <algorithm>
 #include <chrono>
@@ -17,8 +18,10 @@
 using namespace gqattn;
 
 int main(int argc, char** argv) {
-  if (argc != 11) {
-    std::fprintf(stderr, "usage: B T H Hkv d causal dtype(f32|bf16) backend threads reps\n");
+  if (argc != 11 && argc != 13) {
+    std::fprintf(
+        stderr,
+        "usage: B T H Hkv d causal dtype(f32|bf16) backend threads reps [window softcap]\n");
     return 2;
   }
   const int64_t B = std::atoll(argv[1]), T = std::atoll(argv[2]), H = std::atoll(argv[3]),
@@ -27,7 +30,9 @@ int main(int argc, char** argv) {
   const DType dtype = std::string(argv[7]) == "bf16" ? DType::bf16 : DType::f32;
   const Backend backend = parse_backend(argv[8]);
   const int threads = std::atoi(argv[9]), reps = std::atoi(argv[10]);
-  const Problem p = make_problem(B, T, T, H, Hkv, d, causal);
+  const int64_t window = argc == 13 ? std::atoll(argv[11]) : 0;
+  const float softcap = argc == 13 ? float(std::atof(argv[12])) : 0.0f;
+  const Problem p = make_problem(B, T, T, H, Hkv, d, causal, window, softcap);
   const int64_t nq = B * T * H * d, nk = B * T * Hkv * d, es = dtype == DType::f32 ? 4 : 2;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);

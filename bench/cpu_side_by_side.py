@@ -7,7 +7,10 @@ public C++ API (bench/cpu_flash_bench.cpp, built here against a library
 build; the Python package is not used so that the library just built is the
 one measured) and torch.nn.functional.scaled_dot_product_attention on the
 same shape and threads, plus the machine's torch f32 and bf16 GEMM rate
-(4096^3) as the ceiling. Prints a table and writes JSON (--out).
+(4096^3) as the ceiling. With --masks, causal rows with a window of T / 4
+(SDPA given the equivalent boolean mask) and with a softcap of 30 (SDPA has
+none: its causal time), each with the time its kept pairs predict from the
+plain causal row of the same run. Prints a table and writes JSON (--out).
 
   python3 bench/cpu_side_by_side.py --build build/h-cpuflash --out docs/bench/x.json
 """
@@ -52,26 +55,37 @@ def gemm_gflops(dtype, reps):
     return 2 * 4096**3 / ms / 1e6
 
 
-def sdpa(B, T, H, Hkv, d, causal, dtype, reps):
+def sdpa(B, T, H, Hkv, d, causal, dtype, reps, window=0):
     q = torch.randn(B, H, T, d, dtype=dtype, requires_grad=True)
     k = torch.randn(B, Hkv, T, d, dtype=dtype, requires_grad=True)
     v = torch.randn(B, Hkv, T, d, dtype=dtype, requires_grad=True)
     do = torch.randn(B, H, T, d, dtype=dtype)
+    mask = None
+    if window > 0:  # keep key j for query i where i - window < j <= i
+        i = torch.arange(T).unsqueeze(1)
+        j = torch.arange(T).unsqueeze(0)
+        mask = (j <= i) & (j > i - window)
+    kw = {"attn_mask": mask} if mask is not None else {"is_causal": causal}
 
     def fwd():
         with torch.no_grad():
-            F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
 
     def fwd_bwd():
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
         o.backward(do)
 
     return median_ms(fwd, reps), median_ms(fwd_bwd, reps)
 
 
+def kept_pairs(T, causal, window=0):
+    if window > 0:  # causal band: query i keeps min(i + 1, window) keys
+        return window * (window + 1) // 2 + (T - window) * window
+    return T * (T + 1) // 2 if causal else T * T
+
+
 def flops(B, T, H, d, causal):
-    pairs = T * (T + 1) // 2 if causal else T * T
-    return 4 * B * H * pairs * d  # forward: Q K^T and P V
+    return 4 * B * H * kept_pairs(T, causal) * d  # forward: Q K^T and P V
 
 
 def main():
@@ -86,6 +100,8 @@ def main():
     ap.add_argument("--H", type=int, default=8)
     ap.add_argument("--Hkv", type=int, default=2)
     ap.add_argument("--backend", default="cpu-flash")
+    ap.add_argument("--masks", action="store_true",
+                    help="add window and softcap rows (causal) to each dtype, T and d")
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -109,11 +125,39 @@ def main():
                "causal": bool(causal), "gqattn_forward_ms": g["forward_ms"],
                "gqattn_forward_backward_ms": g["forward_backward_ms"],
                "sdpa_forward_ms": s_f, "sdpa_forward_backward_ms": s_fb,
-               "gqattn_forward_gflops": rate}
+               "window": 0, "softcap": 0.0, "gqattn_forward_gflops": rate}
         result["rows"].append(row)
         print(f"{dt:5} {T:5} {d:4} {causal:6} | {g['forward_ms']:9.1f} {s_f:9.1f}"
               f" {s_f / g['forward_ms']:5.2f} | {g['forward_backward_ms']:10.1f} {s_fb:9.1f}"
               f" {s_fb / g['forward_backward_ms']:5.2f} | {rate:.0f}", flush=True)
+        if args.masks and causal:
+            for window, softcap in ((T // 4, 0.0), (0, 30.0)):
+                out = subprocess.run([exe, "1", str(T), str(args.H), str(args.Hkv), str(d), "1",
+                                      dt, args.backend, str(args.threads), str(args.reps),
+                                      str(window), str(softcap)],
+                                     check=True, capture_output=True, text=True).stdout
+                m = json.loads(out)
+                share = kept_pairs(T, True, window) / kept_pairs(T, True)
+                if window > 0:
+                    m_f, m_fb = sdpa(1, T, args.H, args.Hkv, d, True, tdt[dt], args.reps, window)
+                else:
+                    m_f, m_fb = s_f, s_fb
+                mrow = dict(row, window=window, softcap=softcap,
+                            gqattn_forward_ms=m["forward_ms"],
+                            gqattn_forward_backward_ms=m["forward_backward_ms"],
+                            sdpa_forward_ms=m_f, sdpa_forward_backward_ms=m_fb,
+                            kept_pair_share=share,
+                            predicted_forward_ms=g["forward_ms"] * share,
+                            predicted_forward_backward_ms=g["forward_backward_ms"] * share)
+                del mrow["gqattn_forward_gflops"]
+                result["rows"].append(mrow)
+                label = f"w{window}" if window else f"cap{softcap:g}"
+                print(f"{label:>24} | {m['forward_ms']:9.1f} {m_f:9.1f} {m_f / m['forward_ms']:5.2f}"
+                      f" | {m['forward_backward_ms']:10.1f} {m_fb:9.1f}"
+                      f" {m_fb / m['forward_backward_ms']:5.2f} | cost / kept-pair prediction:"
+                      f" fwd {m['forward_ms'] / mrow['predicted_forward_ms']:.2f},"
+                      f" fwd+bwd {m['forward_backward_ms'] / mrow['predicted_forward_backward_ms']:.2f}",
+                      flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

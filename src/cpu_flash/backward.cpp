@@ -21,8 +21,9 @@
 // statistics phase. bf16 problems on a CPU with AVX512-BF16 run the tile
 // products on bf16 operands (Bf16Tiles: S and dP from the inputs as they
 // are, P and dS rounded to bf16 for dV, dK and dQ, f32 accumulation), the
-// rest converts to f32 (F32Tiles). Checked by tests/cpu/test_cpu_flash.cpp
-// and tests/cpu/test_cpu_flash_bf16.cpp.
+// rest converts to f32 (F32Avx512Tiles on an AVX-512 CPU, else the
+// portable F32Tiles). Checked by tests/cpu/test_cpu_flash.cpp
+// and tests/cpu/test_cpu_flash_avx512.cpp.
 //
 // Why m and l, not exp(s - lse): the f32 lse carries a rounding of 2^-24
 // |lse| into every P, which doubled the f32 error of dq and dv against the
@@ -35,7 +36,7 @@
 #include <vector>
 
 #include "cpu/parallel.hpp"
-#include "cpu_flash/bf16_kernels.hpp"
+#include "cpu_flash/avx512_kernels.hpp"
 #include "cpu_flash/cpu_flash.hpp"
 #include "cpu_flash/tile_io.hpp"
 #include "cpu_flash/tile_kernels.hpp"
@@ -46,8 +47,8 @@ namespace {
 using detail::BackwardArgs;
 
 // The tile products of the f32 path: every operand converted to f32 (any
-// dtype, any CPU). Query side [bq][dp]; key side [Bk][dp] and transposed
-// [dp][Bk]; `trans` a score tile transposed [Bk][bq].
+// dtype), the portable loops of tile_kernels.hpp (any CPU). Query side [bq][dp]; key side [Bk][dp]
+// and transposed [dp][Bk]; `trans` a score tile transposed [Bk][bq].
 struct F32Tiles {
   std::vector<float> Q, dO, O, K, Kt, V, Vt, trans;
   F32Tiles(const Plan& p)
@@ -155,14 +156,72 @@ struct F32Tiles {
   }
 };
 
+// The f32 path on an AVX-512 CPU (avx512_enabled()): the products, D and
+// the softmax steps by the intrinsics of avx512_kernels.hpp
+// (docs/decisions/cpu-flash-gemm.md). Q, dO, K and V are read where they
+// lie when they need no conversion (f32_tile), P^T and dS^T in place.
+struct F32Avx512Tiles : F32Tiles {
+  KeptColumns kept;
+  TileView q, dout, k;  // where the loaded Q, dO and K are read
+  explicit F32Avx512Tiles(const Plan& p) : F32Tiles(p), kept(p.block_q) {}
+  void load_q(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
+              int64_t q0, int64_t nq) {
+    q = f32_tile(a.q, b, h, q0, p.block_q, nq, s.d, p.dp, Q.data());
+  }
+  void load_do(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
+               int64_t q0, int64_t nq) {
+    dout = f32_tile(a.dout, b, h, q0, p.block_q, nq, s.d, p.dp, dO.data());
+  }
+  void row_d(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h, int64_t q0,
+             int64_t nq, float* D) {
+    const TileView o = f32_tile(a.o, b, h, q0, p.block_q, nq, s.d, p.dp, O.data());
+    row_dots_f32(p.block_q, s.d, dout.data, dout.ld, o.data, o.ld, D);
+  }
+  void load_k(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+              int64_t j0, int64_t nk) {
+    k = f32_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, p.dp, K.data());
+    transpose_f32(kBlockK, p.dp, k.data, k.ld, Kt.data(), kBlockK);
+  }
+  void load_v(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+              int64_t j0, int64_t nk) {
+    const TileView v = f32_tile(a.v, b, hkv, j0, kBlockK, nk, s.d, p.dp, V.data());
+    transpose_f32(kBlockK, p.dp, v.data, v.ld, Vt.data(), kBlockK);
+  }
+  void scores(const Shape& s, const Plan& p, float* S) {
+    gemm_f32(p.block_q, kBlockK, s.d, q.data, q.ld, 1, Kt.data(), kBlockK, S, kBlockK, false);
+  }
+  void score_grads(const Shape& s, const Plan& p, float* dP) {
+    gemm_f32(p.block_q, kBlockK, s.d, dout.data, dout.ld, 1, Vt.data(), kBlockK, dP, kBlockK,
+             false);
+  }
+  void add_grads(const Plan& p, const float* P, const float* dS, float* dK, float* dV) {
+    const int64_t bq = p.block_q, dp = p.dp;
+    gemm_f32(kBlockK, dp, bq, P, 1, kBlockK, dout.data, dout.ld, dV, dp, true);
+    gemm_f32(kBlockK, dp, bq, dS, 1, kBlockK, q.data, q.ld, dK, dp, true);
+  }
+  void add_dq(const Plan& p, const float* dS, float* dq) {
+    gemm_f32(p.block_q, p.dp, kBlockK, dS, kBlockK, 1, k.data, k.ld, dq, p.dp, true);
+  }
+  void stats_step(const Shape& s, int64_t q0, int64_t nq, int64_t j0, int64_t nk, float* S,
+                  float* m, float* l) {
+    softmax_step_f32(nq, S, kept.of(s, q0, nq, nq, j0, nk), m, l, nullptr, 0, 0);
+  }
+  void probabilities_and_ds(const Shape& s, const Plan& p, int64_t q0, int64_t j0, int64_t nk,
+                            float* S, float* dP, float*, const float* m, const float* inv_l,
+                            const float* D) {
+    probabilities_and_ds_avx512(p.block_q, S, dP, kept.of(s, q0, p.block_q, p.block_q, j0, nk), m,
+                                inv_l, D);
+  }
+};
+
 // The tile products on bf16 operands (bf16 I/O, bf16_dot_enabled()): Q, K,
 // V, dO as they are (S and dP from exact products), P and dS rounded to
 // bf16 for dV, dK and dQ, as the fused CUDA kernels feed them to the tensor
-// cores. A operands row-major, B operands pair-major (bf16_kernels.hpp).
+// cores. A operands row-major, B operands pair-major (avx512_kernels.hpp).
 struct Bf16Tiles {
   std::vector<uint16_t> Q, dO, O, K, V, Pt, dSt, dS;
   std::vector<uint32_t> Qp, dOp, Kt, Vt, Kp;
-  std::vector<int64_t> lo, hi;  // each row's kept columns
+  KeptColumns kept;
   Bf16Tiles(const Plan& p)
       : Q(std::size_t(p.block_q * p.dp)),
         dO(std::size_t(p.block_q * p.dp)),
@@ -177,8 +236,7 @@ struct Bf16Tiles {
         Kt(std::size_t(p.dp / 2 * kBlockK)),
         Vt(std::size_t(p.dp / 2 * kBlockK)),
         Kp(std::size_t(kBlockK / 2 * p.dp)),
-        lo(std::size_t(p.block_q)),
-        hi(std::size_t(p.block_q)) {}
+        kept(p.block_q) {}
   void load_q(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
               int64_t q0, int64_t nq) {
     load_tile_bf16(a.q, b, h, q0, p.block_q, nq, s.d, Q.data(), p.dp);
@@ -224,22 +282,15 @@ struct Bf16Tiles {
     operands_to_bf16(p.block_q, kBlockK, dSf, kBlockK, dS.data(), kBlockK);
     gemm_bf16(p.block_q, p.dp, kBlockK, dS.data(), kBlockK, Kp.data(), p.dp, dq, p.dp, true);
   }
-  ScoreRows rows_of(const Shape& s, int64_t q0, int64_t rows, int64_t j0, int64_t nk) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const Range cols = kept_columns(s, q0 + r, j0, nk);
-      lo[std::size_t(r)] = cols.first;
-      hi[std::size_t(r)] = cols.last;
-    }
-    return ScoreRows{lo.data(), hi.data(), s.scale, s.softcap};
-  }
   void stats_step(const Shape& s, int64_t q0, int64_t nq, int64_t j0, int64_t nk, float* S,
                   float* m, float* l) {
-    softmax_step_bf16(nq, S, rows_of(s, q0, nq, j0, nk), m, l, nullptr, 0, 0, nullptr);
+    softmax_step_bf16(nq, S, kept.of(s, q0, nq, nq, j0, nk), m, l, nullptr, 0, 0, nullptr);
   }
   void probabilities_and_ds(const Shape& s, const Plan& p, int64_t q0, int64_t j0, int64_t nk,
                             float* S, float* dP, float*, const float* m, const float* inv_l,
                             const float* D) {
-    probabilities_and_ds_bf16(p.block_q, S, dP, rows_of(s, q0, p.block_q, j0, nk), m, inv_l, D);
+    probabilities_and_ds_avx512(p.block_q, S, dP, kept.of(s, q0, p.block_q, p.block_q, j0, nk), m,
+                                inv_l, D);
   }
   void store(const TensorRef& t, int64_t b, int64_t h, int64_t row0, int64_t valid, int64_t d,
              float* tile, int64_t ld) {
@@ -440,6 +491,8 @@ void run(const BackwardArgs& args) {
 void backward(const detail::BackwardArgs& args) {
   if (args.q.dtype == DType::bf16 && bf16_dot_enabled())
     run<Bf16Tiles>(args);
+  else if (avx512_enabled())
+    run<F32Avx512Tiles>(args);
   else
     run<F32Tiles>(args);
 }

@@ -8,15 +8,15 @@
 // the thread count. bf16 problems on a CPU with AVX512-BF16 run the tile
 // products on bf16 operands (Bf16Tiles: S = Q K^T exact products, P rounded
 // to bf16 for P V, f32 accumulation); everything else converts to f32
-// (F32Tiles). Checked by tests/cpu/test_cpu_flash.cpp and
-// tests/cpu/test_cpu_flash_bf16.cpp.
+// (F32Avx512Tiles on an AVX-512 CPU, else the portable F32Tiles). Checked by
+// tests/cpu/test_cpu_flash.cpp and tests/cpu/test_cpu_flash_avx512.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "cpu/parallel.hpp"
-#include "cpu_flash/bf16_kernels.hpp"
+#include "cpu_flash/avx512_kernels.hpp"
 #include "cpu_flash/cpu_flash.hpp"
 #include "cpu_flash/tile_io.hpp"
 #include "cpu_flash/tile_kernels.hpp"
@@ -25,7 +25,7 @@ namespace gqattn::cpu_flash {
 namespace {
 
 // The tile products of the f32 path: Q, K and V converted to f32 (any
-// dtype, any CPU).
+// dtype), the portable loops of tile_kernels.hpp (any CPU).
 struct F32Tiles {
   std::vector<float> Q, K, Kt, V;
   F32Tiles(const Plan& p, int64_t R)
@@ -82,13 +82,37 @@ struct F32Tiles {
   }
 };
 
+// The f32 path on an AVX-512 CPU (avx512_enabled()): the products and the
+// softmax step by the intrinsics of avx512_kernels.hpp (the auto-vectorized
+// gemm_nn spilled its accumulators: docs/decisions/cpu-flash-gemm.md); K
+// and V read where they lie when they need no conversion (f32_tile).
+struct F32Avx512Tiles : F32Tiles {
+  KeptColumns kept;
+  TileView v;  // where the loaded V is read
+  F32Avx512Tiles(const Plan& p, int64_t R) : F32Tiles(p, R), kept(R) {}
+  void load_keys(const detail::ForwardArgs& a, const Shape& s, const Plan& p, int64_t b,
+                 int64_t hkv, int64_t j0, int64_t nk) {
+    const TileView k = f32_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, p.dp, K.data());
+    transpose_f32(kBlockK, p.dp, k.data, k.ld, Kt.data(), kBlockK);
+    v = f32_tile(a.v, b, hkv, j0, kBlockK, nk, s.d, p.dp, V.data());
+  }
+  void scores(const Shape& s, const Plan& p, int64_t R, float* S) {
+    gemm_f32(R, kBlockK, s.d, Q.data(), p.dp, 1, Kt.data(), kBlockK, S, kBlockK, false);
+  }
+  void step(const Shape& s, const Plan& p, int64_t q0, int64_t j0, int64_t nk, int64_t R, float* S,
+            float* m, float* l, float* O) {
+    softmax_step_f32(R, S, kept.of(s, q0, R, p.block_q, j0, nk), m, l, O, p.dp, p.dp);
+    gemm_f32(R, p.dp, kBlockK, S, kBlockK, 1, v.data, v.ld, O, p.dp, true);
+  }
+};
+
 // The tile products on bf16 operands (bf16 I/O, bf16_dot_enabled()): Q and
 // K as they are (their products exact), V pair-major, P rounded to bf16
 // before P V, as the fused CUDA kernels feed it to the tensor cores.
 struct Bf16Tiles {
   std::vector<uint16_t> Q, K, V, P;
   std::vector<uint32_t> Kt, Vp;
-  std::vector<int64_t> lo, hi;  // each row's kept columns
+  KeptColumns kept;
   Bf16Tiles(const Plan& p, int64_t R)
       : Q(std::size_t(R * p.dp)),
         K(std::size_t(kBlockK * p.dp)),
@@ -96,8 +120,7 @@ struct Bf16Tiles {
         P(std::size_t(R * kBlockK)),
         Kt(std::size_t(p.dp / 2 * kBlockK)),
         Vp(std::size_t(kBlockK / 2 * p.dp)),
-        lo(std::size_t(R)),
-        hi(std::size_t(R)) {}
+        kept(R) {}
   void load_queries(const TensorRef& q, const Shape& s, const Plan& p, int64_t b, int64_t h,
                     int64_t q0, int64_t nq, int64_t row) {
     load_tile_bf16(q, b, h, q0, p.block_q, nq, s.d, Q.data() + row * p.dp, p.dp);
@@ -114,13 +137,7 @@ struct Bf16Tiles {
   }
   void step(const Shape& s, const Plan& p, int64_t q0, int64_t j0, int64_t nk, int64_t R, float* S,
             float* m, float* l, float* O) {
-    for (int64_t r = 0; r < R; ++r) {
-      const Range cols = kept_columns(s, q0 + r % p.block_q, j0, nk);
-      lo[std::size_t(r)] = cols.first;
-      hi[std::size_t(r)] = cols.last;
-    }
-    softmax_step_bf16(R, S, ScoreRows{lo.data(), hi.data(), s.scale, s.softcap}, m, l, O, p.dp,
-                      p.dp, P.data());
+    softmax_step_bf16(R, S, kept.of(s, q0, R, p.block_q, j0, nk), m, l, O, p.dp, p.dp, P.data());
     gemm_bf16(R, p.dp, kBlockK, P.data(), kBlockK, Vp.data(), p.dp, O, p.dp, true);
   }
   void store(const TensorRef& t, int64_t b, int64_t h, int64_t row0, int64_t valid, int64_t d,
@@ -204,6 +221,8 @@ void run(const detail::ForwardArgs& args) {
 void forward(const detail::ForwardArgs& args) {
   if (args.q.dtype == DType::bf16 && bf16_dot_enabled())
     run<Bf16Tiles>(args);
+  else if (avx512_enabled())
+    run<F32Avx512Tiles>(args);
   else
     run<F32Tiles>(args);
 }

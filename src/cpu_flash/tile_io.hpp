@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "cpu/mirror.hpp"
+#include "cpu_flash/avx512_kernels.hpp"
 #include "cpu_flash/plan.hpp"
 
 namespace gqattn::cpu_flash {
@@ -39,9 +41,29 @@ inline void load_tile(const TensorRef& t, int64_t b, int64_t head, int64_t row0,
   }
 }
 
+// A tile of f32 rows, `ld` floats apart: in the tensor itself or in scratch.
+struct TileView {
+  const float* data = nullptr;
+  int64_t ld = 0;
+};
+
+// rows x d elements of t (batch b, head, rows from row0) as an f32 tile of
+// ld_pad-float rows: read where they lie when nothing needs converting or
+// padding (f32, d == ld_pad, every row valid), else loaded into `scratch`
+// by load_tile. Saves a copy per tile where the same rows are read by many
+// tiles (the backward's query side, every key block's K and V).
+inline TileView f32_tile(const TensorRef& t, int64_t b, int64_t head, int64_t row0, int64_t rows,
+                         int64_t valid, int64_t d, int64_t ld_pad, float* scratch) {
+  if (t.dtype == DType::f32 && d == ld_pad && valid == rows)
+    return TileView{static_cast<const float*>(t.data) + cpu::element_offset(t, b, row0, head),
+                    t.stride[1]};
+  load_tile(t, b, head, row0, rows, valid, d, scratch, ld_pad);
+  return TileView{scratch, ld_pad};
+}
+
 // rows x d elements of a bf16 tensor t (batch b, head, rows from row0) into
 // tile[rows][ld] as they are (16-bit words); columns d..ld and rows past
-// `valid` are zero. The bf16 tile path's load (bf16_kernels.hpp).
+// `valid` are zero. The bf16 tile path's load (avx512_kernels.hpp).
 inline void load_tile_bf16(const TensorRef& t, int64_t b, int64_t head, int64_t row0, int64_t rows,
                            int64_t valid, int64_t d, uint16_t* tile, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -88,5 +110,25 @@ inline Range kept_columns(const Shape& s, int64_t i, int64_t j0, int64_t nk) {
   const Range r = kept_keys(s, i);
   return Range{std::max<int64_t>(r.first - j0, 0), std::min<int64_t>(r.last - j0, nk - 1)};
 }
+
+// Each row's kept columns of a score tile, in the form the vector softmax
+// steps take (ScoreRows).
+class KeptColumns {
+ public:
+  explicit KeptColumns(int64_t rows) : lo_(std::size_t(rows)), hi_(std::size_t(rows)) {}
+  // Rows 0 .. rows - 1 of a tile of keys j0 .. j0 + nk - 1, row r being query
+  // q0 + r % period (the forward stacks a group's heads, period block_q).
+  ScoreRows of(const Shape& s, int64_t q0, int64_t rows, int64_t period, int64_t j0, int64_t nk) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const Range cols = kept_columns(s, q0 + r % period, j0, nk);
+      lo_[std::size_t(r)] = cols.first;
+      hi_[std::size_t(r)] = cols.last;
+    }
+    return ScoreRows{lo_.data(), hi_.data(), s.scale, s.softcap};
+  }
+
+ private:
+  std::vector<int64_t> lo_, hi_;
+};
 
 }  // namespace gqattn::cpu_flash

@@ -4,7 +4,8 @@
 // d in {1, 3, 32, 80, 128}, tiles of several blocks), in f32, bf16 and f16
 // with strided layouts; varlen batches; bitwise determinism across runs and
 // thread counts; every output element written (NaN poison); Auto choosing it
-// for host tensors.
+// for host tensors. f32 runs on both kernel paths: the AVX-512 kernels
+// (where the CPU has them) and the portable loops every CPU runs.
 //
 // Bound: check::tolerance, the one rule of docs/semantics.md (twice the
 // mirror's error against the oracle plus roundings of the dtype), with the
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_flash_paths.hpp"
 #include "cpu/cpu_test_util.hpp"
 #include "gqattn/check.hpp"
 
@@ -74,9 +76,19 @@ Problem with_q_start(Problem p, int64_t q_start) {
 
 class CpuFlashOracle : public ::testing::TestWithParam<Case> {};
 
+// The kernel paths this CPU can run: AVX-512 (where supported), portable.
+std::vector<bool> avx512_paths() {
+  if (cpu_flash::avx512_supported()) return {true, false};
+  return {false};
+}
+
 TEST_P(CpuFlashOracle, F32WithinTolerance) {
   const Problem& p = GetParam().problem;
-  expect_within_rule(p, DType::f32, Layout::packed, 2000 + uint64_t(p.Tq * 7 + p.Tk + p.d));
+  for (bool avx512 : avx512_paths()) {
+    SCOPED_TRACE(avx512 ? "avx512" : "portable");
+    const Avx512Kernels path(avx512);
+    expect_within_rule(p, DType::f32, Layout::packed, 2000 + uint64_t(p.Tq * 7 + p.Tk + p.d));
+  }
 }
 
 TEST_P(CpuFlashOracle, Bf16StridedWithinTolerance) {
@@ -118,10 +130,14 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(CpuFlash, SameBitsAcrossRunsAndThreadCounts) {
   const Problem p = make_problem(2, 150, 130, 4, 2, 48, true, 0, 20.0f);
   const Inputs in = random_inputs(p, 77);
-  const Outputs one = run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, 1);
-  for (int threads : {1, 2, 3, 0}) {
-    SCOPED_TRACE(threads);
-    expect_same_bits(one, run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, threads));
+  for (bool avx512 : avx512_paths()) {
+    SCOPED_TRACE(avx512 ? "avx512" : "portable");
+    const Avx512Kernels path(avx512);
+    const Outputs one = run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, 1);
+    for (int threads : {1, 2, 3, 0}) {
+      SCOPED_TRACE(threads);
+      expect_same_bits(one, run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, threads));
+    }
   }
 }
 
@@ -135,8 +151,26 @@ TEST(CpuFlash, FusedAndSeparateDqGiveTheSameBits) {
         make_problem(1, 200, 260, 3, 1, 32, true, 70), make_problem(1, 90, 90, 2, 1, 16, false, 33),
         with_q_start(make_problem(1, 70, 150, 2, 1, 32, true), -20)}) {
     const Inputs in = random_inputs(p, 78);
-    const Outputs fused = run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, 1);
-    expect_same_bits(fused, run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, 3));
+    for (bool avx512 : avx512_paths()) {
+      SCOPED_TRACE(avx512 ? "avx512" : "portable");
+      const Avx512Kernels path(avx512);
+      const Outputs fused = run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, 1);
+      expect_same_bits(fused, run_on(Backend::CpuFlash, in, DType::f32, Layout::packed, 3));
+    }
+  }
+}
+
+// A window of one key: o = v, so dS = P (dP - D) is zero only if D rounds
+// exactly as the dP product; dq and dk are then exactly zero, as the
+// oracle's.
+TEST(CpuFlash, WindowOfOneKeyGivesZeroDqDkInF32) {
+  const Inputs in = random_inputs(make_problem(1, 150, 150, 4, 2, 80, true, 1), 92);
+  for (bool avx512 : avx512_paths()) {
+    SCOPED_TRACE(avx512 ? "avx512" : "portable");
+    const Avx512Kernels path(avx512);
+    const Outputs got = run_on(Backend::CpuFlash, in, DType::f32, Layout::packed);
+    EXPECT_TRUE(std::all_of(got.dq.begin(), got.dq.end(), [](float x) { return x == 0.0f; }));
+    EXPECT_TRUE(std::all_of(got.dk.begin(), got.dk.end(), [](float x) { return x == 0.0f; }));
   }
 }
 

@@ -1,8 +1,8 @@
-// The bf16 tile kernels (bf16_kernels.hpp): AVX-512 intrinsics under a
-// target attribute, run only where bf16_dot_supported() says the CPU has
-// them. Elsewhere (other compilers or architectures) they are stubs that
-// are never called.
-#include "cpu_flash/bf16_kernels.hpp"
+// The AVX-512 tile kernels (avx512_kernels.hpp): intrinsics under target
+// attributes, run only where avx512_supported() (and, for the bf16 products,
+// bf16_dot_supported()) says the CPU has them. Elsewhere (other compilers or
+// architectures) they are stubs that are never called.
+#include "cpu_flash/avx512_kernels.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -11,15 +11,20 @@
 #include <cstring>
 #include <limits>
 
+#include "cuda/fused/softcap_poly.hpp"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define GQATTN_BF16_DOT 1
+#define GQATTN_AVX512 1
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers pass a self-initialized "undefined" vector to
 // the unpack builtins, which -Wmaybe-uninitialized reports once inlined.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
-#define GQATTN_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define GQATTN_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
+#define GQATTN_AVX512_INLINE GQATTN_AVX512_TARGET __attribute__((always_inline)) inline
+#define GQATTN_BF16_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16")))
 #define GQATTN_BF16_INLINE GQATTN_BF16_TARGET __attribute__((always_inline)) inline
 #endif
 
@@ -30,12 +35,13 @@ std::atomic<bool> turned_off{false};
 
 }  // namespace
 
-bool bf16_dot_supported() {
-#ifdef GQATTN_BF16_DOT
+bool avx512_supported() {
+#ifdef GQATTN_AVX512
   static const bool yes = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("fma");
   }();
   return yes;
 #else
@@ -43,17 +49,26 @@ bool bf16_dot_supported() {
 #endif
 }
 
-bool bf16_dot_enabled() {
-  return bf16_dot_supported() && !turned_off.load(std::memory_order_relaxed);
+bool bf16_dot_supported() {
+#ifdef GQATTN_AVX512
+  static const bool yes = avx512_supported() && __builtin_cpu_supports("avx512bf16");
+  return yes;
+#else
+  return false;
+#endif
 }
 
-bool set_bf16_dot(bool on) {
-  const bool was = bf16_dot_enabled();
+bool avx512_enabled() { return avx512_supported() && !turned_off.load(std::memory_order_relaxed); }
+
+bool bf16_dot_enabled() { return bf16_dot_supported() && avx512_enabled(); }
+
+bool set_avx512_kernels(bool on) {
+  const bool was = avx512_enabled();
   turned_off.store(!on, std::memory_order_relaxed);
   return was;
 }
 
-#ifdef GQATTN_BF16_DOT
+#ifdef GQATTN_AVX512
 namespace {
 
 // MR rows by NV vectors of 16 columns of C: acc = (C or 0) + sum over pairs
@@ -90,7 +105,7 @@ GQATTN_BF16_INLINE void rows_bf16(int64_t M, int64_t pairs, const uint16_t* A, i
 }
 
 // 16 x 16 32-bit words in place: r[c] becomes column c (rows 0..15 in lanes).
-GQATTN_BF16_INLINE void transpose16(__m512i r[16]) {
+GQATTN_AVX512_INLINE void transpose16(__m512i r[16]) {
   __m512i t[16];
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
@@ -133,7 +148,7 @@ GQATTN_BF16_INLINE __m256i to_bf16_operand(__m512 x) { return (__m256i)_mm512_cv
 // exp_sub's exp(t / log2e) for t = (x - sub) * log2e: 2^n 2^f, n =
 // round(t), |f| <= 1/2, 2^f by its degree 7 Taylor polynomial; t below -126
 // (also -inf and NaN) gives 0.
-GQATTN_BF16_INLINE __m512 exp2_poly(__m512 t0) {
+GQATTN_AVX512_INLINE __m512 exp2_poly(__m512 t0) {
   const __mmask16 keep = _mm512_cmp_ps_mask(t0, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
   const __m512 t =
       _mm512_min_ps(_mm512_max_ps(t0, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
@@ -156,7 +171,7 @@ GQATTN_BF16_INLINE __m512 exp2_poly(__m512 t0) {
 constexpr float kLog2e = 1.44269504088896341f;
 
 // Which of columns c0 .. c0 + 15 lie in [lo, hi].
-GQATTN_BF16_INLINE __mmask16 kept_lanes(int64_t c0, int64_t lo, int64_t hi) {
+GQATTN_AVX512_INLINE __mmask16 kept_lanes(int64_t c0, int64_t lo, int64_t hi) {
   const __m512i c =
       _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                        _mm512_set1_epi32(int32_t(c0)));
@@ -164,28 +179,248 @@ GQATTN_BF16_INLINE __mmask16 kept_lanes(int64_t c0, int64_t lo, int64_t hi) {
          _mm512_cmp_epi32_mask(c, _mm512_set1_epi32(int32_t(hi)), _MM_CMPINT_LE);
 }
 
-// One score row's 64 values transformed (scale, softcap; the tanh kept in
-// t when asked): x[v] holds columns 16 v .. 16 v + 15.
-GQATTN_BF16_INLINE void transform_scores(const float* row, const ScoreRows& k, __m512 x[4],
-                                         __m512 t[4]) {
-  if (k.softcap > 0.0f) {
-    // The mirror's rounding: std::tanh, element by element.
-    alignas(64) float s[64], th[64];
-    for (int c = 0; c < 64; ++c) {
-      th[c] = std::tanh(row[c] * k.scale / k.softcap);
-      s[c] = k.softcap * th[c];
-    }
-    for (int v = 0; v < 4; ++v) {
-      x[v] = _mm512_load_ps(s + 16 * v);
-      if (t != nullptr) t[v] = _mm512_load_ps(th + 16 * v);
-    }
-    return;
+// tanh(y) for 16 lanes, absolute error about 1.2e-7 (std::tanh's is about
+// 6e-8): for |y| <= fused::kSoftcapPolyMaxY the odd minimax polynomial the
+// CUDA kernels use (cuda/fused/softcap_poly.hpp), beyond it 1 - 2 / (e^2|y|
+// + 1) with exp2_poly, where the difference no longer cancels; odd in y.
+GQATTN_AVX512_INLINE __m512 tanh_poly(__m512 y) {
+  const __m512 a = _mm512_abs_ps(y);
+  const __m512 z = _mm512_mul_ps(y, y);
+  __m512 p = _mm512_set1_ps(fused::kSoftcapPolyC4);
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(fused::kSoftcapPolyC3));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(fused::kSoftcapPolyC2));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(fused::kSoftcapPolyC1));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(fused::kSoftcapPolyC0));
+  const __m512 small = _mm512_mul_ps(a, p);
+  const __m512 e = exp2_poly(_mm512_mul_ps(a, _mm512_set1_ps(2.0f * kLog2e)));
+  const __m512 large =
+      _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                    _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+  const __mmask16 is_small =
+      _mm512_cmp_ps_mask(a, _mm512_set1_ps(fused::kSoftcapPolyMaxY), _CMP_LE_OQ);
+  const __m512 t = _mm512_mask_mov_ps(large, is_small, small);
+  // The sign of y back onto |tanh|.
+  return _mm512_castsi512_ps(
+      _mm512_or_si512(_mm512_castps_si512(t),
+                      _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(INT32_MIN))));
+}
+
+// One score row's 64 values transformed (scale, then softcap * tanh(s /
+// softcap) by tanh_poly; the tanh kept in t when asked): x[v] holds columns
+// 16 v .. 16 v + 15.
+GQATTN_AVX512_INLINE void transform_scores(const float* row, const ScoreRows& k, __m512 x[4],
+                                           __m512 t[4]) {
+  const __m512 scale = _mm512_set1_ps(k.scale);
+  for (int v = 0; v < 4; ++v) x[v] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * v), scale);
+  if (k.softcap <= 0.0f) return;
+  const __m512 cap = _mm512_set1_ps(k.softcap);
+  for (int v = 0; v < 4; ++v) {
+    const __m512 th = tanh_poly(_mm512_div_ps(x[v], cap));
+    if (t != nullptr) t[v] = th;
+    x[v] = _mm512_mul_ps(cap, th);
   }
+}
+
+// MR rows by NV vectors of 16 columns of C: acc = (C or 0) + sum over k
+// ascending of fma(A(r, k), B[k][columns]).
+template <int MR, int NV>
+GQATTN_AVX512_INLINE void block_f32(int64_t K, const float* A, int64_t a_row, int64_t a_col,
+                                    const float* B, int64_t ldb, float* C, int64_t ldc,
+                                    bool accumulate) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = accumulate ? _mm512_loadu_ps(C + r * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(B + k * ldb + 16 * v);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(A[r * a_row + k * a_col]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + 16 * v, acc[r][v]);
+}
+
+// Rows in blocks of MR (M a multiple of MR) for NV vectors of columns.
+template <int MR, int NV>
+GQATTN_AVX512_INLINE void rows_f32(int64_t M, int64_t K, const float* A, int64_t a_row,
+                                   int64_t a_col, const float* B, int64_t ldb, float* C,
+                                   int64_t ldc, bool accumulate) {
+  for (int64_t m = 0; m < M; m += MR)
+    block_f32<MR, NV>(K, A + m * a_row, a_row, a_col, B, ldb, C + m * ldc, ldc, accumulate);
+}
+
+// The softmax step in phases over blocks of 16 rows, so that no row's chain
+// (max, then alpha, then the exps, then the sum) waits on the previous
+// row's. Phase 1: rows r0 .. r0 + n - 1 of S transformed in place (-inf
+// outside the kept columns), each row's maximum in mx, rows keeping nothing
+// flagged in the result.
+GQATTN_AVX512_INLINE __mmask16 row_maxima(float* S, int64_t r0, int64_t n, const ScoreRows& k,
+                                          float mx[16]) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  __mmask16 empty = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = r0 + i;
+    float* row = S + r * 64;
+    mx[i] = neg_inf;
+    if (k.lo[r] > k.hi[r]) {
+      empty = __mmask16(empty | (1u << i));
+      continue;
+    }
+    __m512 x[4];
+    transform_scores(row, k, x, nullptr);
+    __m512 most = _mm512_set1_ps(neg_inf);
+    for (int v = 0; v < 4; ++v) {
+      x[v] =
+          _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), kept_lanes(16 * v, k.lo[r], k.hi[r]), x[v]);
+      most = _mm512_max_ps(most, x[v]);
+      _mm512_storeu_ps(row + 16 * v, x[v]);
+    }
+    mx[i] = _mm512_reduce_max_ps(most);
+  }
+  return empty;
+}
+
+// Phase 2: m_new = max(m, row max), alpha = exp(m - m_new) (0 while m was
+// -inf) for the block's rows, m updated; rows keeping nothing keep m and get
+// alpha = 1.
+GQATTN_AVX512_INLINE void row_alphas(float* m, int64_t r0, __mmask16 lanes, __mmask16 empty,
+                                     const float mx[16], float m_new[16], float alpha[16]) {
+  const __m512 m_old = _mm512_maskz_loadu_ps(lanes, m + r0);
+  const __m512 most = _mm512_max_ps(m_old, _mm512_loadu_ps(mx));
+  const __m512 a = exp2_poly(_mm512_mul_ps(_mm512_sub_ps(m_old, most), _mm512_set1_ps(kLog2e)));
+  _mm512_storeu_ps(m_new, _mm512_mask_mov_ps(most, empty, m_old));
+  _mm512_storeu_ps(alpha, _mm512_mask_mov_ps(a, empty, _mm512_set1_ps(1.0f)));
+  _mm512_mask_storeu_ps(m + r0, lanes, _mm512_loadu_ps(m_new));
+}
+
+// Phase 3, one row: p = exp(s - m_new) of its 64 transformed scores; returns
+// their sum (the four vectors added pairwise, then the lanes).
+GQATTN_AVX512_INLINE float row_probabilities(const float* row, float m_new, __m512 p[4]) {
+  const __m512 sub = _mm512_set1_ps(m_new), log2e = _mm512_set1_ps(kLog2e);
   for (int v = 0; v < 4; ++v)
-    x[v] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * v), _mm512_set1_ps(k.scale));
+    p[v] = exp2_poly(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(row + 16 * v), sub), log2e));
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
+}
+
+// Phase 4: l = l * alpha + sum; O's rows times alpha where it is not 1.
+GQATTN_AVX512_INLINE void rescale_rows(float* l, float* O, int64_t ldo, int64_t o_cols, int64_t r0,
+                                       int64_t n, __mmask16 lanes, const float alpha[16],
+                                       const float sum[16]) {
+  const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes, l + r0), _mm512_loadu_ps(alpha),
+                                       _mm512_loadu_ps(sum));
+  _mm512_mask_storeu_ps(l + r0, lanes, l_new);
+  if (O == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) {
+    if (alpha[i] == 1.0f) continue;
+    float* o = O + (r0 + i) * ldo;
+    const __m512 scale = _mm512_set1_ps(alpha[i]);
+    for (int64_t c = 0; c < o_cols; c += 16)
+      _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), scale));
+  }
+}
+
+GQATTN_AVX512_INLINE __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
 }
 
 }  // namespace
+
+GQATTN_AVX512_TARGET
+void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, int64_t a_col,
+              const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  int64_t n0 = 0;
+  for (; N - n0 >= 64; n0 += 64)
+    rows_f32<4, 4>(M, K, A, a_row, a_col, B + n0, ldb, C + n0, ldc, accumulate);
+  // 16 to 48 columns left: 8-row blocks where M allows, for enough
+  // independent accumulators to cover the fma's latency.
+  const int64_t nv = (N - n0) / 16;
+  const bool tall = M % 8 == 0;
+  const float* Bt = B + n0;
+  float* Ct = C + n0;
+  if (nv == 3) {
+    if (tall)
+      rows_f32<8, 3>(M, K, A, a_row, a_col, Bt, ldb, Ct, ldc, accumulate);
+    else
+      rows_f32<4, 3>(M, K, A, a_row, a_col, Bt, ldb, Ct, ldc, accumulate);
+  } else if (nv == 2) {
+    if (tall)
+      rows_f32<8, 2>(M, K, A, a_row, a_col, Bt, ldb, Ct, ldc, accumulate);
+    else
+      rows_f32<4, 2>(M, K, A, a_row, a_col, Bt, ldb, Ct, ldc, accumulate);
+  } else if (nv == 1) {
+    if (tall)
+      rows_f32<8, 1>(M, K, A, a_row, a_col, Bt, ldb, Ct, ldc, accumulate);
+    else
+      rows_f32<4, 1>(M, K, A, a_row, a_col, Bt, ldb, Ct, ldc, accumulate);
+  }
+}
+
+GQATTN_AVX512_TARGET
+void row_dots_f32(int64_t rows, int64_t n, const float* A, int64_t lda, const float* B, int64_t ldb,
+                  float* out) {
+  // Lane i holds row r0 + i: 16 x 16 blocks of A and B transposed, so
+  // vector c holds column c0 + c of the 16 rows, then one fma per column.
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t live = std::min<int64_t>(16, rows - r0);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t c0 = 0; c0 < n; c0 += 16) {
+      const __mmask16 cols = first_lanes(n - c0);
+      __m512i a[16], b[16];
+      for (int r = 0; r < 16; ++r) {
+        a[r] = r < live ? _mm512_maskz_loadu_epi32(cols, A + (r0 + r) * lda + c0)
+                        : _mm512_setzero_si512();
+        b[r] = r < live ? _mm512_maskz_loadu_epi32(cols, B + (r0 + r) * ldb + c0)
+                        : _mm512_setzero_si512();
+      }
+      transpose16(a);
+      transpose16(b);
+      for (int64_t c = 0; c < std::min<int64_t>(16, n - c0); ++c)
+        acc = _mm512_fmadd_ps(_mm512_castsi512_ps(a[c]), _mm512_castsi512_ps(b[c]), acc);
+    }
+    _mm512_mask_storeu_ps(out + r0, first_lanes(live), acc);
+  }
+}
+
+GQATTN_AVX512_TARGET
+void transpose_f32(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst,
+                   int64_t ldd) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      __m512i x[16];
+      for (int r = 0; r < 16; ++r)
+        x[r] = _mm512_castps_si512(_mm512_loadu_ps(src + (r0 + r) * lds + c0));
+      transpose16(x);
+      for (int c = 0; c < 16; ++c)
+        _mm512_storeu_ps(dst + (c0 + c) * ldd + r0, _mm512_castsi512_ps(x[c]));
+    }
+}
+
+GQATTN_AVX512_TARGET
+void softmax_step_f32(int64_t rows, float* S, const ScoreRows& k, float* m, float* l, float* O,
+                      int64_t ldo, int64_t o_cols) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t n = std::min<int64_t>(16, rows - r0);
+    const __mmask16 lanes = first_lanes(n);
+    float mx[16], alpha[16], m_new[16], sum[16];
+    const __mmask16 empty = row_maxima(S, r0, n, k, mx);
+    row_alphas(m, r0, lanes, empty, mx, m_new, alpha);
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = S + (r0 + i) * 64;
+      __m512 p[4];
+      if (empty & (1u << i)) {
+        sum[i] = 0.0f;
+        for (int v = 0; v < 4; ++v) _mm512_storeu_ps(row + 16 * v, _mm512_setzero_ps());
+        continue;
+      }
+      sum[i] = row_probabilities(row, m_new[i], p);
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(row + 16 * v, p[v]);
+    }
+    rescale_rows(l, O, ldo, o_cols, r0, n, lanes, alpha, sum);
+  }
+}
 
 GQATTN_BF16_TARGET
 void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint32_t* B,
@@ -314,85 +549,32 @@ void transpose_pairs(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld
 GQATTN_BF16_TARGET
 void softmax_step_bf16(int64_t rows, float* S, const ScoreRows& k, float* m, float* l, float* O,
                        int64_t ldo, int64_t o_cols, uint16_t* P) {
-  // In blocks of 16 rows and in phases, so that no row's chain (max, then
-  // alpha, then the exps, then the sum) waits on the previous row's: the
-  // maxima, then the 16 rows' alphas in one vector, then the exps and sums.
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const __m512 log2e = _mm512_set1_ps(kLog2e);
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     const int64_t n = std::min<int64_t>(16, rows - r0);
-    const __mmask16 lanes = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-    alignas(64) float mx[16], alpha[16], m_new[16], sum[16];
-    __mmask16 empty = 0;
-    // Scores transformed in place (-inf outside the kept columns) and each
-    // row's maximum.
+    const __mmask16 lanes = first_lanes(n);
+    float mx[16], alpha[16], m_new[16], sum[16];
+    const __mmask16 empty = row_maxima(S, r0, n, k, mx);
+    row_alphas(m, r0, lanes, empty, mx, m_new, alpha);
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t r = r0 + i;
-      float* row = S + r * 64;
-      mx[i] = neg_inf;
-      if (k.lo[r] > k.hi[r]) {
-        empty = __mmask16(empty | (1u << i));
-        continue;
-      }
-      __m512 x[4];
-      transform_scores(row, k, x, nullptr);
-      __m512 most = _mm512_set1_ps(neg_inf);
-      for (int v = 0; v < 4; ++v) {
-        x[v] =
-            _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), kept_lanes(16 * v, k.lo[r], k.hi[r]), x[v]);
-        most = _mm512_max_ps(most, x[v]);
-        _mm512_storeu_ps(row + 16 * v, x[v]);
-      }
-      mx[i] = _mm512_reduce_max_ps(most);
-    }
-    // m_new = max(m, row max), alpha = exp(m - m_new): 0 while m was -inf;
-    // rows keeping nothing keep m and get alpha = 1.
-    const __m512 m_old = _mm512_maskz_loadu_ps(lanes, m + r0);
-    const __m512 most = _mm512_max_ps(m_old, _mm512_load_ps(mx));
-    const __m512 a = exp2_poly(_mm512_mul_ps(_mm512_sub_ps(m_old, most), log2e));
-    _mm512_store_ps(m_new, _mm512_mask_mov_ps(most, empty, m_old));
-    _mm512_store_ps(alpha, _mm512_mask_mov_ps(a, empty, _mm512_set1_ps(1.0f)));
-    _mm512_mask_storeu_ps(m + r0, lanes, _mm512_load_ps(m_new));
-    // P = exp(s - m_new) and its sum per row.
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t r = r0 + i;
-      uint16_t* prow = P != nullptr ? P + r * 64 : nullptr;
-      sum[i] = 0.0f;
-      if (empty & (1u << i)) {
-        if (prow != nullptr)
-          for (int v = 0; v < 4; ++v)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + 16 * v), _mm256_setzero_si256());
-        continue;
-      }
-      const float* row = S + r * 64;
-      const __m512 sub = _mm512_set1_ps(m_new[i]);
+      uint16_t* prow = P != nullptr ? P + (r0 + i) * 64 : nullptr;
       __m512 p[4];
-      for (int v = 0; v < 4; ++v)
-        p[v] = exp2_poly(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(row + 16 * v), sub), log2e));
-      sum[i] =
-          _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
+      if (empty & (1u << i)) {
+        sum[i] = 0.0f;
+        for (int v = 0; v < 4; ++v) p[v] = _mm512_setzero_ps();
+      } else {
+        sum[i] = row_probabilities(S + (r0 + i) * 64, m_new[i], p);
+      }
       if (prow != nullptr)
         for (int v = 0; v < 4; ++v)
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + 16 * v), to_bf16_operand(p[v]));
     }
-    // l = l * alpha + sum; O's rows times alpha where it is not 1.
-    const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes, l + r0),
-                                         _mm512_load_ps(alpha), _mm512_load_ps(sum));
-    _mm512_mask_storeu_ps(l + r0, lanes, l_new);
-    if (O == nullptr) continue;
-    for (int64_t i = 0; i < n; ++i) {
-      if (alpha[i] == 1.0f) continue;
-      float* o = O + (r0 + i) * ldo;
-      const __m512 scale = _mm512_set1_ps(alpha[i]);
-      for (int64_t c = 0; c < o_cols; c += 16)
-        _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), scale));
-    }
+    rescale_rows(l, O, ldo, o_cols, r0, n, lanes, alpha, sum);
   }
 }
 
-GQATTN_BF16_TARGET
-void probabilities_and_ds_bf16(int64_t rows, float* S, float* dP, const ScoreRows& k,
-                               const float* m, const float* inv_l, const float* D) {
+GQATTN_AVX512_TARGET
+void probabilities_and_ds_avx512(int64_t rows, float* S, float* dP, const ScoreRows& k,
+                                 const float* m, const float* inv_l, const float* D) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = S + r * 64;
     float* dp = dP + r * 64;
@@ -423,7 +605,19 @@ void probabilities_and_ds_bf16(int64_t rows, float* S, float* dP, const ScoreRow
   }
 }
 
-#else  // no AVX512-BF16 code on this compiler or architecture: never called
+#else  // no AVX-512 code on this compiler or architecture: never called
+
+void gemm_f32(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t,
+              float*, int64_t, bool) {
+  std::abort();
+}
+void row_dots_f32(int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*) {
+  std::abort();
+}
+void transpose_f32(int64_t, int64_t, const float*, int64_t, float*, int64_t) { std::abort(); }
+void softmax_step_f32(int64_t, float*, const ScoreRows&, float*, float*, float*, int64_t, int64_t) {
+  std::abort();
+}
 
 void gemm_bf16(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint32_t*, int64_t,
                float*, int64_t, bool) {
@@ -445,8 +639,8 @@ void softmax_step_bf16(int64_t, float*, const ScoreRows&, float*, float*, float*
                        uint16_t*) {
   std::abort();
 }
-void probabilities_and_ds_bf16(int64_t, float*, float*, const ScoreRows&, const float*,
-                               const float*, const float*) {
+void probabilities_and_ds_avx512(int64_t, float*, float*, const ScoreRows&, const float*,
+                                 const float*, const float*) {
   std::abort();
 }
 

@@ -1,10 +1,12 @@
-// cpu-flash's bf16 tile path (src/cpu_flash/bf16_kernels.hpp: vdpbf16ps
-// tile products, P and dS rounded to bf16, f32 accumulation), where the CPU
-// has AVX512-BF16, and the f32 fallback it takes elsewhere (forced here by
-// set_bf16_dot(false)):
-//   - the kernels: products exact on small integers, every packing layout
-//     element by element, bf16 rounding to nearest even as the library's
-//     float_to_bf16, row_dots_bf16 equal bit for bit to the GEMM's element;
+// cpu-flash's AVX-512 kernels (src/cpu_flash/avx512_kernels.hpp) and its
+// bf16 tile path (vdpbf16ps tile products, P and dS rounded to bf16, f32
+// accumulation), where the CPU has AVX512-BF16, against the portable path
+// every CPU takes (forced here by set_avx512_kernels(false)):
+//   - the kernels: f32 and bf16 products exact on small integers (A read
+//     row-major and transposed in place), row_dots_f32 and row_dots_bf16
+//     equal bit for bit to their GEMM's element, the f32 transpose and
+//     every bf16 packing layout element by element, bf16 rounding to
+//     nearest even as the library's float_to_bf16;
 //   - the backend on both paths against the f64 oracle within
 //     check::tolerance of the mirror's error (docs/semantics.md: bf16 I/O
 //     allows two roundings of 2^-8 on o, dq, dk, dv, one for P or dS fed in
@@ -25,32 +27,97 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_flash_paths.hpp"
 #include "cpu/cpu_test_util.hpp"
-#include "cpu_flash/bf16_kernels.hpp"
+#include "cpu_flash/avx512_kernels.hpp"
 #include "gqattn/check.hpp"
 
 namespace gqattn::test {
 namespace {
 
+using cpu_flash::avx512_supported;
 using cpu_flash::bf16_dot_supported;
-using cpu_flash::set_bf16_dot;
 
-// Runs the scope with the bf16 path on or off, then restores it.
-class Bf16Dot {
- public:
-  explicit Bf16Dot(bool on) : was_(set_bf16_dot(on)) {}
-  ~Bf16Dot() { set_bf16_dot(was_); }
-  Bf16Dot(const Bf16Dot&) = delete;
-  Bf16Dot& operator=(const Bf16Dot&) = delete;
-
- private:
-  bool was_;
-};
+// The bf16 path on (where supported) or the portable path.
+using Bf16Dot = Avx512Kernels;
 
 uint16_t bits_of(float x) { return float_to_bf16(x); }
 float value_of(uint16_t b) { return bf16_to_float(b); }
 
-// ---- kernels ---------------------------------------------------------------
+// ---- f32 kernels -----------------------------------------------------------
+
+TEST(CpuFlashAvx512Kernels, GemmF32IsExactOnSmallIntegers) {
+  if (!avx512_supported()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(4);
+  std::uniform_int_distribution<int> small(-8, 8);
+  for (int64_t M : {4, 8, 12, 40, 64})
+    for (int64_t N : {16, 32, 48, 64, 80, 144})
+      for (int64_t K : {1, 3, 16, 80, 128})
+        for (bool transposed : {false, true})
+          for (bool accumulate : {false, true}) {
+            SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " trans "
+                                            << transposed << " acc " << accumulate);
+            // A(r, k) at A[r * a_row + k * a_col], with padding either way.
+            const int64_t a_row = transposed ? 1 : K + 5, a_col = transposed ? M + 3 : 1;
+            const int64_t ldb = N + 16, ldc = N + 5;
+            std::vector<float> A((transposed ? K * a_col : M * a_row) + 8), B(K * ldb), C(M * ldc);
+            for (auto& x : A) x = float(small(rng));
+            for (auto& x : B) x = float(small(rng));
+            for (auto& x : C) x = float(small(rng));
+            std::vector<float> want = C;
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n) {
+                float sum = accumulate ? C[m * ldc + n] : 0.0f;
+                for (int64_t k = 0; k < K; ++k) sum += A[m * a_row + k * a_col] * B[k * ldb + n];
+                want[m * ldc + n] = sum;
+              }
+            cpu_flash::gemm_f32(M, N, K, A.data(), a_row, a_col, B.data(), ldb, C.data(), ldc,
+                                accumulate);
+            EXPECT_EQ(C, want);
+          }
+}
+
+// On values whose products round: row_dots_f32's sum of row r equals the
+// GEMM's element (r, r) of A B^T bit for bit (D against dP).
+TEST(CpuFlashAvx512Kernels, RowDotsF32RoundAsTheGemm) {
+  if (!avx512_supported()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.3f, 2.0f);
+  for (int64_t rows : {4, 16, 20, 64})
+    for (int64_t n : {1, 3, 64, 80, 128}) {
+      SCOPED_TRACE(testing::Message() << rows << " rows, n " << n);
+      const int64_t ld = n + 16 - n % 16;
+      std::vector<float> A(rows * ld), B(rows * ld);
+      for (auto& x : A) x = normal(rng);
+      for (auto& x : B) x = normal(rng);
+      // Bt[c][j] = B[j][c], padded to 16 columns.
+      const int64_t cols = (rows + 15) / 16 * 16;
+      std::vector<float> Bt(n * cols, 0.0f), C(rows * cols), out(rows, -1.0f);
+      for (int64_t j = 0; j < rows; ++j)
+        for (int64_t c = 0; c < n; ++c) Bt[c * cols + j] = B[j * ld + c];
+      cpu_flash::gemm_f32(rows, cols, n, A.data(), ld, 1, Bt.data(), cols, C.data(), cols, false);
+      cpu_flash::row_dots_f32(rows, n, A.data(), ld, B.data(), ld, out.data());
+      for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(out[r], C[r * cols + r]) << "row " << r;
+    }
+}
+
+TEST(CpuFlashAvx512Kernels, TransposeF32) {
+  if (!avx512_supported()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t rows : {16, 64})
+    for (int64_t cols : {16, 48, 80, 128}) {
+      const int64_t lds = cols + 3, ldd = rows + 16;
+      std::vector<float> src(rows * lds), dst(cols * ldd, -7.0f);
+      for (auto& x : src) x = normal(rng);
+      cpu_flash::transpose_f32(rows, cols, src.data(), lds, dst.data(), ldd);
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r = 0; r < ldd; ++r)
+          ASSERT_EQ(dst[c * ldd + r], r < rows ? src[r * lds + c] : -7.0f) << r << ", " << c;
+    }
+}
+
+// ---- bf16 kernels ----------------------------------------------------------
 
 TEST(CpuFlashBf16Kernels, GemmIsExactOnSmallIntegers) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
