@@ -1,8 +1,8 @@
 // A small timing driver for bench/cpu_side_by_side.py: one shape through the
 // public API on host tensors (B, T, H, Hkv, d, causal, dtype, backend,
 // threads, and optionally a window and a softcap), forward and forward +
-// backward, median of `reps` runs after one warm-up, printed as one JSON
-// object. Built by the script against a
+// backward, median of at least `reps` runs (and of at least a second of
+// runs) after one warm-up, printed as one JSON object. Built by the script against a
 // library build (c++ -O2 -Iinclude ... libgqattn.a -lpthread).
 #include <algorithm>
 #include <chrono>
@@ -60,12 +60,15 @@ int main(int argc, char** argv) {
   };
   const auto median_ms = [&](auto&& body) {
     body();  // warm-up: threads started, pages touched
+    // At least `reps` calls and, for short ones, at least a second of them.
     std::vector<double> ms;
-    for (int r = 0; r < reps; ++r) {
+    double total = 0.0;
+    while (int(ms.size()) < reps || (total < 1000.0 && ms.size() < 100)) {
       const auto t0 = std::chrono::steady_clock::now();
       body();
       ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      total += ms.back();
     }
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];

@@ -12,7 +12,8 @@ same shape and threads, plus the machine's torch f32 and bf16 GEMM rate
 none: its causal time), each with the time its kept pairs predict from the
 plain causal row of the same run. Prints a table and writes JSON (--out).
 
-  python3 bench/cpu_side_by_side.py --build build/h-cpuflash --out docs/bench/x.json
+  cmake --preset cpu && cmake --build --preset cpu
+  python3 bench/cpu_side_by_side.py --build build/cpu --masks --out docs/bench/x.json
 """
 import argparse
 import itertools
@@ -27,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETTLE_S = 0.5
+MIN_TIMED_S = 1.0  # the driver's rule too (cpu_flash_bench.cpp)
 
 
 def build_driver(build):
@@ -38,10 +41,18 @@ def build_driver(build):
     return exe
 
 
+def settle(seconds):
+    """Idle before a timing, so neither side runs while the other's threads
+    still spin from its last call (torch's OpenMP workers wait busily)."""
+    time.sleep(seconds)
+
+
 def median_ms(fn, reps):
+    settle(SETTLE_S)
     fn()
     times = []
-    for _ in range(reps):
+    # At least `reps` calls and, for short ones, at least MIN_TIMED_S of them.
+    while len(times) < reps or (sum(times) < MIN_TIMED_S * 1e3 and len(times) < 100):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
@@ -90,7 +101,7 @@ def flops(B, T, H, d, causal):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--build", default=os.path.join(ROOT, "build", "h-cpuflash"))
+    ap.add_argument("--build", default=os.path.join(ROOT, "build", "cpu"))
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 4096])
@@ -115,6 +126,7 @@ def main():
     print(f"{'dtype':5} {'T':>5} {'d':>4} {'causal':>6} | {'fwd ms':>9} {'sdpa':>9} {'x':>5}"
           f" | {'fwd+bwd ms':>10} {'sdpa':>9} {'x':>5} | fwd GFLOP/s")
     for dt, T, d, causal in itertools.product(args.dtype, args.T, args.d, args.causal):
+        settle(SETTLE_S)
         out = subprocess.run([exe, "1", str(T), str(args.H), str(args.Hkv), str(d), str(causal),
                               dt, args.backend, str(args.threads), str(args.reps)],
                              check=True, capture_output=True, text=True).stdout
@@ -132,6 +144,7 @@ def main():
               f" {s_fb / g['forward_backward_ms']:5.2f} | {rate:.0f}", flush=True)
         if args.masks and causal:
             for window, softcap in ((T // 4, 0.0), (0, 30.0)):
+                settle(SETTLE_S)
                 out = subprocess.run([exe, "1", str(T), str(args.H), str(args.Hkv), str(d), "1",
                                       dt, args.backend, str(args.threads), str(args.reps),
                                       str(window), str(softcap)],

@@ -183,39 +183,42 @@ GQATTN_AVX512_INLINE __mmask16 kept_lanes(int64_t c0, int64_t lo, int64_t hi) {
 // 6e-8): for |y| <= fused::kSoftcapPolyMaxY the odd minimax polynomial the
 // CUDA kernels use (cuda/fused/softcap_poly.hpp), beyond it 1 - 2 / (e^2|y|
 // + 1) with exp2_poly, where the difference no longer cancels; odd in y.
+// Vectors whose every lane is small (most scores of a trained model) skip
+// the exp and the division.
 GQATTN_AVX512_INLINE __m512 tanh_poly(__m512 y) {
-  const __m512 a = _mm512_abs_ps(y);
   const __m512 z = _mm512_mul_ps(y, y);
   __m512 p = _mm512_set1_ps(fused::kSoftcapPolyC4);
   p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(fused::kSoftcapPolyC3));
   p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(fused::kSoftcapPolyC2));
   p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(fused::kSoftcapPolyC1));
   p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(fused::kSoftcapPolyC0));
-  const __m512 small = _mm512_mul_ps(a, p);
+  const __m512 small = _mm512_mul_ps(y, p);
+  const __m512 a = _mm512_abs_ps(y);
+  const __mmask16 is_small =
+      _mm512_cmp_ps_mask(a, _mm512_set1_ps(fused::kSoftcapPolyMaxY), _CMP_LE_OQ);
+  if (is_small == 0xffff) return small;
   const __m512 e = exp2_poly(_mm512_mul_ps(a, _mm512_set1_ps(2.0f * kLog2e)));
   const __m512 large =
       _mm512_sub_ps(_mm512_set1_ps(1.0f),
                     _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
-  const __mmask16 is_small =
-      _mm512_cmp_ps_mask(a, _mm512_set1_ps(fused::kSoftcapPolyMaxY), _CMP_LE_OQ);
-  const __m512 t = _mm512_mask_mov_ps(large, is_small, small);
-  // The sign of y back onto |tanh|.
-  return _mm512_castsi512_ps(
-      _mm512_or_si512(_mm512_castps_si512(t),
+  // The sign of y onto |tanh|.
+  const __m512 signed_large = _mm512_castsi512_ps(
+      _mm512_or_si512(_mm512_castps_si512(large),
                       _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(INT32_MIN))));
+  return _mm512_mask_mov_ps(signed_large, is_small, small);
 }
 
 // One score row's 64 values transformed (scale, then softcap * tanh(s /
-// softcap) by tanh_poly; the tanh kept in t when asked): x[v] holds columns
-// 16 v .. 16 v + 15.
+// softcap) by tanh_poly, s / softcap as a product with 1 / softcap; the
+// tanh kept in t when asked): x[v] holds columns 16 v .. 16 v + 15.
 GQATTN_AVX512_INLINE void transform_scores(const float* row, const ScoreRows& k, __m512 x[4],
                                            __m512 t[4]) {
   const __m512 scale = _mm512_set1_ps(k.scale);
   for (int v = 0; v < 4; ++v) x[v] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * v), scale);
   if (k.softcap <= 0.0f) return;
-  const __m512 cap = _mm512_set1_ps(k.softcap);
+  const __m512 cap = _mm512_set1_ps(k.softcap), inv_cap = _mm512_set1_ps(1.0f / k.softcap);
   for (int v = 0; v < 4; ++v) {
-    const __m512 th = tanh_poly(_mm512_div_ps(x[v], cap));
+    const __m512 th = tanh_poly(_mm512_mul_ps(x[v], inv_cap));
     if (t != nullptr) t[v] = th;
     x[v] = _mm512_mul_ps(cap, th);
   }
