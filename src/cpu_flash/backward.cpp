@@ -9,9 +9,9 @@
 //          and accumulates dQ += dS K;
 // or, where the (batch, kv head) pairs alone occupy every worker
 // (fuse_dq), the last two as one: a task per (batch, kv head) walks its
-// key blocks in ascending order and adds dS K into the group's dQ rows
-// right after dK and dV, saving the dQ phase's recomputation of S, P and
-// dS (three of its tile products). Each dQ row gets the same products
+// key blocks in ascending order, a few at a time, and adds dS K into the
+// group's dQ rows right after dK and dV, saving the dQ phase's
+// recomputation of S, P and dS (three of its tile products). Each dQ row gets the same products
 // added in the same order (key blocks ascending) either way, so the two
 // give the same bits.
 // with D = rowsum(dO * O), dS = P * (dO V^T - D) * scale (times 1 - tanh^2
@@ -419,41 +419,79 @@ void run(const BackwardArgs& args) {
     row_stats(args, s, plan, b, h, qb, scratch[static_cast<std::size_t>(worker)], stats);
   });
 
-  // One key block's dK, dV (and with fused_dq its dQ products): the
-  // group's heads and the query blocks in the band in ascending order.
-  const auto key_block = [&](Scratch<Tiles>& w, int64_t b, int64_t hkv, int64_t kb, bool fused_dq) {
+  // A key block's dK and dV in w: its keys loaded, the sums zeroed; then
+  // the tiles of (head g of the group, query block qb) added, P^T dO and
+  // dS^T Q (and dS K into dq_rows when not null); then stored.
+  const auto open_key_block = [&](Scratch<Tiles>& w, int64_t b, int64_t hkv, int64_t kb) {
     const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
     load_key_side(args, s, plan, b, hkv, j0, nk, w);
     std::fill(w.dK.begin(), w.dK.end(), 0.0f);
     std::fill(w.dV.begin(), w.dV.end(), 0.0f);
-    const Range blocks = query_blocks(s, plan, j0, j0 + nk - 1);
-    for (int64_t g = 0; g < s.rep; ++g) {
-      for (int64_t qb = blocks.first; qb <= blocks.last; ++qb) {
-        const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
-        load_query_side(args, s, plan, stats, b, hkv * s.rep + g, q0, nq, w);
-        probabilities_and_ds(s, plan, q0, j0, nk, w);
-        w.tiles.add_grads(plan, w.S.data(), w.dP.data(), w.dK.data(), w.dV.data());
-        if (fused_dq)
-          w.tiles.add_dq(plan, w.dP.data(), w.group_dq.data() + (g * plan.q_blocks * bq + q0) * dp);
-      }
-    }
+  };
+  const auto add_tile = [&](Scratch<Tiles>& w, int64_t b, int64_t hkv, int64_t kb, int64_t g,
+                            int64_t qb, float* dq_rows) {
+    const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
+    const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
+    load_query_side(args, s, plan, stats, b, hkv * s.rep + g, q0, nq, w);
+    probabilities_and_ds(s, plan, q0, j0, nk, w);
+    w.tiles.add_grads(plan, w.S.data(), w.dP.data(), w.dK.data(), w.dV.data());
+    if (dq_rows != nullptr) w.tiles.add_dq(plan, w.dP.data(), dq_rows);
+  };
+  const auto close_key_block = [&](Scratch<Tiles>& w, int64_t b, int64_t hkv, int64_t kb) {
+    const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
     w.tiles.store(args.dk, b, hkv, j0, nk, d, w.dK.data(), dp);
     w.tiles.store(args.dv, b, hkv, j0, nk, d, w.dV.data(), dp);
   };
+  const auto band = [&](int64_t kb) {
+    const int64_t j0 = kb * kBlockK;
+    return query_blocks(s, plan, j0, std::min(j0 + kBlockK, s.Tk) - 1);
+  };
 
   if (fuse_dq(s, plan, threads)) {
-    for (Scratch<Tiles>& w : scratch)
-      w.group_dq = cpu::scratch_floats(s.rep * plan.q_blocks * bq * dp);
+    // A task holds kFusedKeyBlocks key blocks at once (one Scratch each) and
+    // walks the group's query tiles once for all of them, so Q, dO and the
+    // dQ rows are read from memory once per chunk, not once per key block.
+    // Each dQ row still adds its key blocks in ascending order, and each
+    // dK / dV its (head, query block) tiles in the same order: the same bits.
+    constexpr int64_t kFusedKeyBlocks = 4;
+    std::vector<std::vector<Scratch<Tiles>>> chunks(static_cast<std::size_t>(workers));
+    for (std::vector<Scratch<Tiles>>& c : chunks) {
+      c.reserve(kFusedKeyBlocks);
+      for (int64_t i = 0; i < kFusedKeyBlocks; ++i) c.emplace_back(plan);
+      c[0].group_dq = cpu::scratch_floats(s.rep * plan.q_blocks * bq * dp);
+    }
     cpu::parallel_for(s.B * s.Hkv, threads, [&](int64_t task, int64_t worker) {
-      Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
+      std::vector<Scratch<Tiles>>& c = chunks[static_cast<std::size_t>(worker)];
+      std::vector<float>& group_dq = c[0].group_dq;
       const int64_t hkv = task % s.Hkv, b = task / s.Hkv;
-      std::fill(w.group_dq.begin(), w.group_dq.end(), 0.0f);
-      for (int64_t kb = 0; kb < plan.k_blocks; ++kb) key_block(w, b, hkv, kb, true);
+      std::fill(group_dq.begin(), group_dq.end(), 0.0f);
+      for (int64_t k0 = 0; k0 < plan.k_blocks; k0 += kFusedKeyBlocks) {
+        const int64_t n = std::min(kFusedKeyBlocks, plan.k_blocks - k0);
+        Range blocks;  // the union of the chunk's bands
+        for (int64_t i = 0; i < n; ++i) {
+          open_key_block(c[std::size_t(i)], b, hkv, k0 + i);
+          const Range r = band(k0 + i);
+          if (r.empty()) continue;
+          blocks = blocks.empty()
+                       ? r
+                       : Range{std::min(blocks.first, r.first), std::max(blocks.last, r.last)};
+        }
+        for (int64_t g = 0; g < s.rep; ++g)
+          for (int64_t qb = blocks.first; qb <= blocks.last; ++qb) {
+            float* dq_rows = group_dq.data() + (g * plan.q_blocks + qb) * bq * dp;
+            for (int64_t i = 0; i < n; ++i) {
+              const Range r = band(k0 + i);
+              if (qb >= r.first && qb <= r.last)
+                add_tile(c[std::size_t(i)], b, hkv, k0 + i, g, qb, dq_rows);
+            }
+          }
+        for (int64_t i = 0; i < n; ++i) close_key_block(c[std::size_t(i)], b, hkv, k0 + i);
+      }
       for (int64_t g = 0; g < s.rep; ++g)
         for (int64_t qb = 0; qb < plan.q_blocks; ++qb) {
           const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
-          w.tiles.store(args.dq, b, hkv * s.rep + g, q0, nq, d,
-                        w.group_dq.data() + (g * plan.q_blocks * bq + q0) * dp, dp);
+          c[0].tiles.store(args.dq, b, hkv * s.rep + g, q0, nq, d,
+                           group_dq.data() + (g * plan.q_blocks + qb) * bq * dp, dp);
         }
     });
     return;
@@ -463,7 +501,13 @@ void run(const BackwardArgs& args) {
     const int64_t kb = task % plan.k_blocks;
     const int64_t hkv = (task / plan.k_blocks) % s.Hkv;
     const int64_t b = task / (plan.k_blocks * s.Hkv);
-    key_block(scratch[static_cast<std::size_t>(worker)], b, hkv, kb, false);
+    Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
+    open_key_block(w, b, hkv, kb);
+    const Range blocks = band(kb);
+    for (int64_t g = 0; g < s.rep; ++g)
+      for (int64_t qb = blocks.first; qb <= blocks.last; ++qb)
+        add_tile(w, b, hkv, kb, g, qb, nullptr);
+    close_key_block(w, b, hkv, kb);
   });
 
   // dQ: one head's query block, its key blocks in ascending order.
