@@ -225,7 +225,9 @@ GQATTN_AVX512_INLINE void transform_scores(const float* row, const ScoreRows& k,
 }
 
 // MR rows by NV vectors of 16 columns of C: acc = (C or 0) + sum over k
-// ascending of fma(A(r, k), B[k][columns]).
+// ascending of fma(A(r, k), B[k][columns]). block_bf16's shape on f32: kept
+// apart because a template shared by both would carry the avx512bf16 target
+// into the f32 path, which CPUs without AVX512-BF16 run.
 template <int MR, int NV>
 GQATTN_AVX512_INLINE void block_f32(int64_t K, const float* A, int64_t a_row, int64_t a_col,
                                     const float* B, int64_t ldb, float* C, int64_t ldc,

@@ -306,7 +306,6 @@ template <class Tiles>
 struct Scratch {
   Tiles tiles;
   std::vector<float> S, T, dP, dK, dV, acc, D, m, inv_l;
-  std::vector<float> group_dq;  // fuse_dq: [rep][q_blocks * bq][dp], one group's dQ
   explicit Scratch(const Plan& p)
       : tiles(p),
         S(cpu::scratch_floats(p.block_q * kBlockK)),
@@ -405,10 +404,25 @@ void run(const BackwardArgs& args) {
   const int64_t q_tasks = s.B * s.H * plan.q_blocks;
   const int threads = args.options.num_threads;
 
-  std::vector<Scratch<Tiles>> scratch;
+  // The fused pass holds kFusedKeyBlocks key blocks at once, one Scratch
+  // each: Q, dO and the group's dQ rows are then read from memory once per
+  // chunk of key blocks, not once per block (measured:
+  // docs/decisions/cpu-flash-backward-fused-dq.md). Each dQ row still adds
+  // its key blocks in ascending order, and each dK / dV its (head, query
+  // block) tiles in the same order: the same bits as one block at a time.
+  constexpr int64_t kFusedKeyBlocks = 4;
+  const bool fused = fuse_dq(s, plan, threads);
+  const int64_t slots = fused ? kFusedKeyBlocks : 1;  // Scratch per worker
   const int64_t workers = cpu::worker_count(std::max(kv_tasks, q_tasks), threads);
-  scratch.reserve(static_cast<std::size_t>(workers));
-  for (int64_t i = 0; i < workers; ++i) scratch.emplace_back(plan);
+  std::vector<Scratch<Tiles>> scratch;
+  scratch.reserve(static_cast<std::size_t>(workers * slots));
+  for (int64_t i = 0; i < workers * slots; ++i) scratch.emplace_back(plan);
+  const auto slot = [&](int64_t worker, int64_t i) -> Scratch<Tiles>& {
+    return scratch[static_cast<std::size_t>(worker * slots + i)];
+  };
+  // fused: one group's dQ per worker, [rep][q_blocks * bq][dp].
+  std::vector<std::vector<float>> group_dq(fused ? static_cast<std::size_t>(workers) : 0);
+  for (std::vector<float>& g : group_dq) g = cpu::scratch_floats(s.rep * plan.q_blocks * bq * dp);
   const int64_t rows = s.B * s.H * s.Tq;
   RowStats stats{cpu::scratch_floats(rows), cpu::scratch_floats(rows), cpu::scratch_floats(rows)};
 
@@ -416,7 +430,7 @@ void run(const BackwardArgs& args) {
     const int64_t qb = plan.q_blocks - 1 - task % plan.q_blocks;
     const int64_t h = (task / plan.q_blocks) % s.H;
     const int64_t b = task / (plan.q_blocks * s.H);
-    row_stats(args, s, plan, b, h, qb, scratch[static_cast<std::size_t>(worker)], stats);
+    row_stats(args, s, plan, b, h, qb, slot(worker, 0), stats);
   });
 
   // A key block's dK and dV in w: its keys loaded, the sums zeroed; then
@@ -447,29 +461,18 @@ void run(const BackwardArgs& args) {
     return query_blocks(s, plan, j0, std::min(j0 + kBlockK, s.Tk) - 1);
   };
 
-  if (fuse_dq(s, plan, threads)) {
-    // A task holds kFusedKeyBlocks key blocks at once (one Scratch each) and
-    // walks the group's query tiles once for all of them, so Q, dO and the
-    // dQ rows are read from memory once per chunk, not once per key block.
-    // Each dQ row still adds its key blocks in ascending order, and each
-    // dK / dV its (head, query block) tiles in the same order: the same bits.
-    constexpr int64_t kFusedKeyBlocks = 4;
-    std::vector<std::vector<Scratch<Tiles>>> chunks(static_cast<std::size_t>(workers));
-    for (std::vector<Scratch<Tiles>>& c : chunks) {
-      c.reserve(kFusedKeyBlocks);
-      for (int64_t i = 0; i < kFusedKeyBlocks; ++i) c.emplace_back(plan);
-      c[0].group_dq = cpu::scratch_floats(s.rep * plan.q_blocks * bq * dp);
-    }
+  if (fused) {
+    // A task per (batch, kv head): its key blocks in chunks, each chunk
+    // walking the group's query tiles once.
     cpu::parallel_for(s.B * s.Hkv, threads, [&](int64_t task, int64_t worker) {
-      std::vector<Scratch<Tiles>>& c = chunks[static_cast<std::size_t>(worker)];
-      std::vector<float>& group_dq = c[0].group_dq;
+      std::vector<float>& dq = group_dq[static_cast<std::size_t>(worker)];
       const int64_t hkv = task % s.Hkv, b = task / s.Hkv;
-      std::fill(group_dq.begin(), group_dq.end(), 0.0f);
+      std::fill(dq.begin(), dq.end(), 0.0f);
       for (int64_t k0 = 0; k0 < plan.k_blocks; k0 += kFusedKeyBlocks) {
         const int64_t n = std::min(kFusedKeyBlocks, plan.k_blocks - k0);
         Range blocks;  // the union of the chunk's bands
         for (int64_t i = 0; i < n; ++i) {
-          open_key_block(c[std::size_t(i)], b, hkv, k0 + i);
+          open_key_block(slot(worker, i), b, hkv, k0 + i);
           const Range r = band(k0 + i);
           if (r.empty()) continue;
           blocks = blocks.empty()
@@ -478,20 +481,20 @@ void run(const BackwardArgs& args) {
         }
         for (int64_t g = 0; g < s.rep; ++g)
           for (int64_t qb = blocks.first; qb <= blocks.last; ++qb) {
-            float* dq_rows = group_dq.data() + (g * plan.q_blocks + qb) * bq * dp;
+            float* dq_rows = dq.data() + (g * plan.q_blocks + qb) * bq * dp;
             for (int64_t i = 0; i < n; ++i) {
               const Range r = band(k0 + i);
               if (qb >= r.first && qb <= r.last)
-                add_tile(c[std::size_t(i)], b, hkv, k0 + i, g, qb, dq_rows);
+                add_tile(slot(worker, i), b, hkv, k0 + i, g, qb, dq_rows);
             }
           }
-        for (int64_t i = 0; i < n; ++i) close_key_block(c[std::size_t(i)], b, hkv, k0 + i);
+        for (int64_t i = 0; i < n; ++i) close_key_block(slot(worker, i), b, hkv, k0 + i);
       }
       for (int64_t g = 0; g < s.rep; ++g)
         for (int64_t qb = 0; qb < plan.q_blocks; ++qb) {
           const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
-          c[0].tiles.store(args.dq, b, hkv * s.rep + g, q0, nq, d,
-                           group_dq.data() + (g * plan.q_blocks + qb) * bq * dp, dp);
+          slot(worker, 0).tiles.store(args.dq, b, hkv * s.rep + g, q0, nq, d,
+                                      dq.data() + (g * plan.q_blocks + qb) * bq * dp, dp);
         }
     });
     return;
@@ -501,7 +504,7 @@ void run(const BackwardArgs& args) {
     const int64_t kb = task % plan.k_blocks;
     const int64_t hkv = (task / plan.k_blocks) % s.Hkv;
     const int64_t b = task / (plan.k_blocks * s.Hkv);
-    Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
+    Scratch<Tiles>& w = slot(worker, 0);
     open_key_block(w, b, hkv, kb);
     const Range blocks = band(kb);
     for (int64_t g = 0; g < s.rep; ++g)
@@ -512,7 +515,7 @@ void run(const BackwardArgs& args) {
 
   // dQ: one head's query block, its key blocks in ascending order.
   cpu::parallel_for(q_tasks, threads, [&](int64_t task, int64_t worker) {
-    Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
+    Scratch<Tiles>& w = slot(worker, 0);
     const int64_t qb = plan.q_blocks - 1 - task % plan.q_blocks;
     const int64_t h = (task / plan.q_blocks) % s.H;
     const int64_t b = task / (plan.q_blocks * s.H);
