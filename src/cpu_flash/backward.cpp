@@ -1,35 +1,34 @@
-// cpu-flash's backward, in parallel phases, each task writing what no
-// other task writes (no atomics, no shared accumulators):
-//   stats: one task per (batch, head, query block): each row's max m and
-//          sum l over its kept keys (the forward's online softmax without O);
-//   dK/dV: one task per (batch, kv head, key block) loops over the group's
-//          heads and the query blocks in the band, recomputing P = exp(s -
-//          m) / l per tile, and accumulates dV += P^T dO, dK += dS^T Q;
-//   dQ:    one task per (batch, head, query block) loops over its key blocks
-//          and accumulates dQ += dS K;
-// or, where the (batch, kv head) pairs alone occupy every worker
-// (fuse_dq), the last two as one: a task per (batch, kv head) walks its
-// key blocks in ascending order, a few at a time, and adds dS K into the
-// group's dQ rows right after dK and dV, saving the dQ phase's
-// recomputation of S, P and dS (three of its tile products). Each dQ row gets the same products
-// added in the same order (key blocks ascending) either way, so the two
-// give the same bits.
-// with D = rowsum(dO * O), dS = P * (dO V^T - D) * scale (times 1 - tanh^2
-// under a softcap). Every sum runs in an order fixed by the tile sizes, so
-// the bits are the same for any thread count. Rows without kept keys have
-// P = 0 and so zero gradients. D is computed once per query row, in the
-// statistics phase. bf16 problems on a CPU with AVX512-BF16 run the tile
-// products on bf16 operands (Bf16Tiles: S and dP from the inputs as they
-// are, P and dS rounded to bf16 for dV, dK and dQ, f32 accumulation), the
-// rest converts to f32 (F32Avx512Tiles on an AVX-512 CPU, else the
-// portable F32Tiles). Checked by tests/cpu/test_cpu_flash.cpp
-// and tests/cpu/test_cpu_flash_avx512.cpp.
+// cpu-flash's backward, with D = rowsum(dO * O) and dS = P * (dO V^T - D) *
+// scale (times 1 - tanh^2 under a softcap), each task writing what no other
+// task writes (no atomics, no shared accumulators). Two schedules, chosen by
+// use_fused_pass:
+//   fused (fused_group): a task per (batch, kv head) holds every key block
+//     of its group; for each query block and up to four of the group's heads
+//     at a time, it scores each head's query tile against its whole band
+//     once, takes the rows' max m and sum l from those cached scores, then
+//     per key block (ascending) forms P = exp(s - m) / l and dS and adds dV
+//     += P^T dO, dK += dS^T Q, dQ += dS K: five tile products per tile;
+//   unfused, in three parallel phases (O(block) scratch a worker, and work
+//     for every worker when the groups are fewer than the workers):
+//     stats: a task per (batch, head, query block): m, l and D;
+//     dK/dV: a task per (batch, kv head, key block): its band's query blocks
+//            and each one's heads, recomputing S and P per tile;
+//     dQ:    a task per (batch, head, query block): its key blocks.
+// Every sum runs in the same order in both (key blocks ascending for a dQ
+// row; query blocks, then heads, ascending for a dK / dV row; tile sizes
+// fixed), so the bits are the same for any thread count. Rows without kept
+// keys have P = 0 and so zero gradients. bf16 problems on a CPU with
+// AVX512-BF16 run the tile products on bf16 operands (Bf16Tiles: S and dP
+// from the inputs as they are, P and dS rounded to bf16 for dV, dK and dQ,
+// f32 accumulation), the rest converts to f32 (F32Avx512Tiles on an
+// AVX-512 CPU, else the portable F32Tiles). Checked by
+// tests/cpu/test_cpu_flash.cpp and tests/cpu/test_cpu_flash_avx512.cpp.
 //
 // Why m and l, not exp(s - lse): the f32 lse carries a rounding of 2^-24
 // |lse| into every P, which doubled the f32 error of dq and dv against the
-// oracle (measured 8e-7 where the mirror errs 3.7e-7, over check::tolerance);
-// the stats phase costs one Q K^T pass, about one GEMM of the backward's
-// eight.
+// oracle (measured 8e-7 where the mirror errs 3.7e-7, over
+// check::tolerance). The fused pass gets m and l from scores it computes
+// anyway; the unfused stats phase pays one Q K^T pass for them.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -47,18 +46,26 @@ namespace {
 using detail::BackwardArgs;
 
 // The tile products of the f32 path: every operand converted to f32 (any
-// dtype), the portable loops of tile_kernels.hpp (any CPU). Query side [bq][dp]; key side [Bk][dp]
-// and transposed [dp][Bk]; `trans` a score tile transposed [Bk][bq].
+// dtype), the portable loops of tile_kernels.hpp (any CPU). Query side
+// [bq][dp]; a key block's operands (Keys) K [Bk][dp] and K^T, V^T [dp][Bk];
+// V [Bk][dp] the staging of V^T; `trans` a score tile transposed [Bk][bq].
 struct F32Tiles {
-  std::vector<float> Q, dO, O, K, Kt, V, Vt, trans;
+  struct Keys {
+    std::vector<float> K, Kt, Vt;  // K: only where it is not read in place
+    TileView k;                    // where K is read
+    explicit Keys(const Plan& p)
+        : Kt(cpu::scratch_floats(kBlockK * p.dp)), Vt(cpu::scratch_floats(kBlockK * p.dp)) {}
+    float* staged_k(const Plan& p) {
+      if (K.empty()) K = cpu::scratch_floats(kBlockK * p.dp);
+      return K.data();
+    }
+  };
+  std::vector<float> Q, dO, O, V, trans;
   F32Tiles(const Plan& p)
       : Q(cpu::scratch_floats(p.block_q * p.dp)),
         dO(cpu::scratch_floats(p.block_q * p.dp)),
         O(cpu::scratch_floats(p.block_q * p.dp)),
-        K(cpu::scratch_floats(kBlockK * p.dp)),
-        Kt(cpu::scratch_floats(kBlockK * p.dp)),
         V(cpu::scratch_floats(kBlockK * p.dp)),
-        Vt(cpu::scratch_floats(kBlockK * p.dp)),
         trans(cpu::scratch_floats(p.block_q * kBlockK)) {}
   void load_q(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
               int64_t q0, int64_t nq) {
@@ -75,22 +82,24 @@ struct F32Tiles {
     row_dots(p.block_q, s.d, dO.data(), O.data(), p.dp, D);
   }
   void load_k(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
-              int64_t j0, int64_t nk) {
-    load_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, K.data(), p.dp);
-    transpose(kBlockK, p.dp, K.data(), p.dp, Kt.data(), kBlockK);
+              int64_t j0, int64_t nk, Keys& keys) {
+    float* K = keys.staged_k(p);
+    load_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, K, p.dp);
+    keys.k = TileView{K, p.dp};
+    transpose(kBlockK, p.dp, K, p.dp, keys.Kt.data(), kBlockK);
   }
   void load_v(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
-              int64_t j0, int64_t nk) {
+              int64_t j0, int64_t nk, Keys& keys) {
     load_tile(a.v, b, hkv, j0, kBlockK, nk, s.d, V.data(), p.dp);
-    transpose(kBlockK, p.dp, V.data(), p.dp, Vt.data(), kBlockK);
+    transpose(kBlockK, p.dp, V.data(), p.dp, keys.Vt.data(), kBlockK);
   }
   // S = Q K^T.
-  void scores(const Shape& s, const Plan& p, float* S) {
-    gemm_nn(p.block_q, kBlockK, s.d, Q.data(), p.dp, Kt.data(), kBlockK, S, kBlockK, false);
+  void scores(const Shape& s, const Plan& p, const Keys& keys, float* S) {
+    gemm_nn(p.block_q, kBlockK, s.d, Q.data(), p.dp, keys.Kt.data(), kBlockK, S, kBlockK, false);
   }
   // dP = dO V^T.
-  void score_grads(const Shape& s, const Plan& p, float* dP) {
-    gemm_nn(p.block_q, kBlockK, s.d, dO.data(), p.dp, Vt.data(), kBlockK, dP, kBlockK, false);
+  void score_grads(const Shape& s, const Plan& p, const Keys& keys, float* dP) {
+    gemm_nn(p.block_q, kBlockK, s.d, dO.data(), p.dp, keys.Vt.data(), kBlockK, dP, kBlockK, false);
   }
   // dV += P^T dO, dK += dS^T Q.
   void add_grads(const Plan& p, const float* P, const float* dS, float* dK, float* dV) {
@@ -101,8 +110,8 @@ struct F32Tiles {
     gemm_nn(kBlockK, dp, bq, trans.data(), bq, Q.data(), dp, dK, dp, true);
   }
   // dQ += dS K.
-  void add_dq(const Plan& p, const float* dS, float* dq) {
-    gemm_nn(p.block_q, p.dp, kBlockK, dS, kBlockK, K.data(), p.dp, dq, p.dp, true);
+  void add_dq(const Plan& p, const Keys& keys, const float* dS, float* dq) {
+    gemm_nn(p.block_q, p.dp, kBlockK, dS, kBlockK, keys.k.data, keys.k.ld, dq, p.dp, true);
   }
   // The statistics phase's online-softmax step on the scores S of rows
   // q0 .. q0 + nq - 1 and keys j0 .. j0 + nk - 1: m and l updated.
@@ -162,7 +171,7 @@ struct F32Tiles {
 // lie when they need no conversion (f32_tile), P^T and dS^T in place.
 struct F32Avx512Tiles : F32Tiles {
   KeptColumns kept;
-  TileView q, dout, k;  // where the loaded Q, dO and K are read
+  TileView q, dout;  // where the loaded Q and dO are read
   explicit F32Avx512Tiles(const Plan& p) : F32Tiles(p), kept(p.block_q) {}
   void load_q(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
               int64_t q0, int64_t nq) {
@@ -178,20 +187,21 @@ struct F32Avx512Tiles : F32Tiles {
     row_dots_f32(p.block_q, s.d, dout.data, dout.ld, o.data, o.ld, D);
   }
   void load_k(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
-              int64_t j0, int64_t nk) {
-    k = f32_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, p.dp, K.data());
-    transpose_f32(kBlockK, p.dp, k.data, k.ld, Kt.data(), kBlockK);
+              int64_t j0, int64_t nk, Keys& keys) {
+    float* staging = f32_tile_in_place(a.k, kBlockK, nk, s.d, p.dp) ? nullptr : keys.staged_k(p);
+    keys.k = f32_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, p.dp, staging);
+    transpose_f32(kBlockK, p.dp, keys.k.data, keys.k.ld, keys.Kt.data(), kBlockK);
   }
   void load_v(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
-              int64_t j0, int64_t nk) {
+              int64_t j0, int64_t nk, Keys& keys) {
     const TileView v = f32_tile(a.v, b, hkv, j0, kBlockK, nk, s.d, p.dp, V.data());
-    transpose_f32(kBlockK, p.dp, v.data, v.ld, Vt.data(), kBlockK);
+    transpose_f32(kBlockK, p.dp, v.data, v.ld, keys.Vt.data(), kBlockK);
   }
-  void scores(const Shape& s, const Plan& p, float* S) {
-    gemm_f32(p.block_q, kBlockK, s.d, q.data, q.ld, 1, Kt.data(), kBlockK, S, kBlockK, false);
+  void scores(const Shape& s, const Plan& p, const Keys& keys, float* S) {
+    gemm_f32(p.block_q, kBlockK, s.d, q.data, q.ld, 1, keys.Kt.data(), kBlockK, S, kBlockK, false);
   }
-  void score_grads(const Shape& s, const Plan& p, float* dP) {
-    gemm_f32(p.block_q, kBlockK, s.d, dout.data, dout.ld, 1, Vt.data(), kBlockK, dP, kBlockK,
+  void score_grads(const Shape& s, const Plan& p, const Keys& keys, float* dP) {
+    gemm_f32(p.block_q, kBlockK, s.d, dout.data, dout.ld, 1, keys.Vt.data(), kBlockK, dP, kBlockK,
              false);
   }
   void add_grads(const Plan& p, const float* P, const float* dS, float* dK, float* dV) {
@@ -199,8 +209,8 @@ struct F32Avx512Tiles : F32Tiles {
     gemm_f32(kBlockK, dp, bq, P, 1, kBlockK, dout.data, dout.ld, dV, dp, true);
     gemm_f32(kBlockK, dp, bq, dS, 1, kBlockK, q.data, q.ld, dK, dp, true);
   }
-  void add_dq(const Plan& p, const float* dS, float* dq) {
-    gemm_f32(p.block_q, p.dp, kBlockK, dS, kBlockK, 1, k.data, k.ld, dq, p.dp, true);
+  void add_dq(const Plan& p, const Keys& keys, const float* dS, float* dq) {
+    gemm_f32(p.block_q, p.dp, kBlockK, dS, kBlockK, 1, keys.k.data, keys.k.ld, dq, p.dp, true);
   }
   void stats_step(const Shape& s, int64_t q0, int64_t nq, int64_t j0, int64_t nk, float* S,
                   float* m, float* l) {
@@ -219,8 +229,17 @@ struct F32Avx512Tiles : F32Tiles {
 // bf16 for dV, dK and dQ, as the fused CUDA kernels feed them to the tensor
 // cores. A operands row-major, B operands pair-major (avx512_kernels.hpp).
 struct Bf16Tiles {
-  std::vector<uint16_t> Q, dO, O, K, V, Pt, dSt, dS;
-  std::vector<uint32_t> Qp, dOp, Kt, Vt, Kp;
+  // A key block's operands: K^T and V^T pair-major [dp / 2][Bk], K in pairs
+  // of rows [Bk / 2][dp] (the B operand of dS K).
+  struct Keys {
+    std::vector<uint32_t> Kt, Vt, Kp;
+    explicit Keys(const Plan& p)
+        : Kt(std::size_t(p.dp / 2 * kBlockK)),
+          Vt(std::size_t(p.dp / 2 * kBlockK)),
+          Kp(std::size_t(kBlockK / 2 * p.dp)) {}
+  };
+  std::vector<uint16_t> Q, dO, O, K, V, Pt, dSt, dS;  // K, V: staging of Keys
+  std::vector<uint32_t> Qp, dOp;
   KeptColumns kept;
   Bf16Tiles(const Plan& p)
       : Q(std::size_t(p.block_q * p.dp)),
@@ -233,9 +252,6 @@ struct Bf16Tiles {
         dS(std::size_t(p.block_q * kBlockK)),
         Qp(std::size_t(p.block_q / 2 * p.dp)),
         dOp(std::size_t(p.block_q / 2 * p.dp)),
-        Kt(std::size_t(p.dp / 2 * kBlockK)),
-        Vt(std::size_t(p.dp / 2 * kBlockK)),
-        Kp(std::size_t(kBlockK / 2 * p.dp)),
         kept(p.block_q) {}
   void load_q(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
               int64_t q0, int64_t nq) {
@@ -253,22 +269,22 @@ struct Bf16Tiles {
     row_dots_bf16(p.block_q, round_up(s.d, 2), dO.data(), O.data(), p.dp, D);
   }
   void load_k(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
-              int64_t j0, int64_t nk) {
+              int64_t j0, int64_t nk, Keys& keys) {
     load_tile_bf16(a.k, b, hkv, j0, kBlockK, nk, s.d, K.data(), p.dp);
-    transpose_pairs(kBlockK, p.dp, K.data(), p.dp, Kt.data(), kBlockK);
-    pair_rows(kBlockK, p.dp, K.data(), p.dp, Kp.data(), p.dp);
+    transpose_pairs(kBlockK, p.dp, K.data(), p.dp, keys.Kt.data(), kBlockK);
+    pair_rows(kBlockK, p.dp, K.data(), p.dp, keys.Kp.data(), p.dp);
   }
   void load_v(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
-              int64_t j0, int64_t nk) {
+              int64_t j0, int64_t nk, Keys& keys) {
     load_tile_bf16(a.v, b, hkv, j0, kBlockK, nk, s.d, V.data(), p.dp);
-    transpose_pairs(kBlockK, p.dp, V.data(), p.dp, Vt.data(), kBlockK);
+    transpose_pairs(kBlockK, p.dp, V.data(), p.dp, keys.Vt.data(), kBlockK);
   }
-  void scores(const Shape& s, const Plan& p, float* S) {
-    gemm_bf16(p.block_q, kBlockK, round_up(s.d, 2), Q.data(), p.dp, Kt.data(), kBlockK, S, kBlockK,
-              false);
+  void scores(const Shape& s, const Plan& p, const Keys& keys, float* S) {
+    gemm_bf16(p.block_q, kBlockK, round_up(s.d, 2), Q.data(), p.dp, keys.Kt.data(), kBlockK, S,
+              kBlockK, false);
   }
-  void score_grads(const Shape& s, const Plan& p, float* dP) {
-    gemm_bf16(p.block_q, kBlockK, round_up(s.d, 2), dO.data(), p.dp, Vt.data(), kBlockK, dP,
+  void score_grads(const Shape& s, const Plan& p, const Keys& keys, float* dP) {
+    gemm_bf16(p.block_q, kBlockK, round_up(s.d, 2), dO.data(), p.dp, keys.Vt.data(), kBlockK, dP,
               kBlockK, false);
   }
   void add_grads(const Plan& p, const float* P, const float* dSf, float* dK, float* dV) {
@@ -278,9 +294,9 @@ struct Bf16Tiles {
     operands_to_bf16_transposed(bq, kBlockK, dSf, kBlockK, dSt.data(), bq);
     gemm_bf16(kBlockK, dp, bq, dSt.data(), bq, Qp.data(), dp, dK, dp, true);
   }
-  void add_dq(const Plan& p, const float* dSf, float* dq) {
+  void add_dq(const Plan& p, const Keys& keys, const float* dSf, float* dq) {
     operands_to_bf16(p.block_q, kBlockK, dSf, kBlockK, dS.data(), kBlockK);
-    gemm_bf16(p.block_q, p.dp, kBlockK, dS.data(), kBlockK, Kp.data(), p.dp, dq, p.dp, true);
+    gemm_bf16(p.block_q, p.dp, kBlockK, dS.data(), kBlockK, keys.Kp.data(), p.dp, dq, p.dp, true);
   }
   void stats_step(const Shape& s, int64_t q0, int64_t nq, int64_t j0, int64_t nk, float* S,
                   float* m, float* l) {
@@ -300,35 +316,58 @@ struct Bf16Tiles {
   }
 };
 
-// One thread's tiles: the path's operands and the f32 score side [bq][Bk],
-// dK / dV [Bk][dp], a dQ tile [bq][dp] and the loaded rows' statistics.
+// A key block's operands and its dK and dV sums [Bk][dp].
+template <class Tiles>
+struct KeyBlock {
+  typename Tiles::Keys keys;
+  std::vector<float> dK, dV;
+  explicit KeyBlock(const Plan& p)
+      : keys(p), dK(cpu::scratch_floats(kBlockK * p.dp)), dV(cpu::scratch_floats(kBlockK * p.dp)) {}
+};
+
+// One thread's tiles: the path's query-side operands, one key block, the f32
+// score side [bq][Bk], a dQ tile [bq][dp] and the loaded rows' statistics
+// (l: the running sums while they are gathered).
 template <class Tiles>
 struct Scratch {
   Tiles tiles;
-  std::vector<float> S, T, dP, dK, dV, acc, D, m, inv_l;
+  KeyBlock<Tiles> key;
+  std::vector<float> S, T, dP, acc, D, m, l, inv_l;
   explicit Scratch(const Plan& p)
       : tiles(p),
+        key(p),
         S(cpu::scratch_floats(p.block_q * kBlockK)),
         T(cpu::scratch_floats(p.block_q * kBlockK)),
         dP(cpu::scratch_floats(p.block_q * kBlockK)),
-        dK(cpu::scratch_floats(kBlockK * p.dp)),
-        dV(cpu::scratch_floats(kBlockK * p.dp)),
         acc(cpu::scratch_floats(p.block_q * p.dp)),
         D(cpu::scratch_floats(p.block_q)),
         m(cpu::scratch_floats(p.block_q)),
+        l(cpu::scratch_floats(p.block_q)),
         inv_l(cpu::scratch_floats(p.block_q)) {}
 };
 
-// Whether dQ is added by the dK/dV tasks (one per (batch, kv head)): when
-// those are at least as many as the workers, so the fused pass leaves
-// no worker idle.
-bool fuse_dq(const Shape& s, const Plan& p, int threads) {
-  const int64_t pairs = s.B * s.Hkv;
-  return pairs >= cpu::worker_count(std::max(pairs * p.k_blocks, s.B * s.H * p.q_blocks), threads);
+// The fused pass's memory on one worker (GroupScratch, below): K^T, V^T, dK
+// and dV of every key block, K where it is not read in place, and each
+// held head's scores over every key block.
+constexpr int64_t kFusedHeads = 4;
+int64_t fused_bytes(const Shape& s, const Plan& p) {
+  const int64_t keys = p.k_blocks * kBlockK;
+  return int64_t(sizeof(float)) * keys * (5 * p.dp + std::min(s.rep, kFusedHeads) * p.block_q);
 }
 
-// Row statistics of the first phase: max m, 1 / sum l and D = rowsum(dO *
-// O) per (b, h, i).
+// Whether the backward runs as the fused pass (a task per (batch, kv
+// head)): when those tasks are at least as many as the workers, so none is
+// idle, and their O(Tk) scratch stays under 256 MiB a worker (about 75k
+// keys at d = 128); else as the unfused passes, O(block) scratch a worker.
+bool use_fused_pass(const Shape& s, const Plan& p, int threads) {
+  constexpr int64_t kFusedBytesPerWorker = int64_t(256) << 20;
+  const int64_t pairs = s.B * s.Hkv;
+  return fused_bytes(s, p) <= kFusedBytesPerWorker &&
+         pairs >= cpu::worker_count(std::max(pairs * p.k_blocks, s.B * s.H * p.q_blocks), threads);
+}
+
+// Row statistics of the first phase of the unfused backward: max m, 1 / sum
+// l and D = rowsum(dO * O) per (b, h, i).
 struct RowStats {
   std::vector<float> m, inv_l, D;
   int64_t at(const Shape& s, int64_t b, int64_t h, int64_t i) const {
@@ -336,8 +375,31 @@ struct RowStats {
   }
 };
 
-// The query side of a tile: Q, dO and the row stats (m, 1 / l, D) of rows
-// q0 .. q0 + nq - 1 of head h.
+// The statistics of the loaded query tile (Q and dO of rows q0 .. q0 + nq -
+// 1 of head h) into w: m and 1 / l over key blocks `blocks` in ascending
+// order (the forward's online softmax without O; scores_of(kb) gives block
+// kb's score tile, which the step overwrites), and D. Padding rows get m =
+// 1 / l = D = 0.
+template <class Tiles, class ScoresOf>
+void tile_stats(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
+                int64_t q0, int64_t nq, Range blocks, Scratch<Tiles>& w,
+                const ScoresOf& scores_of) {
+  std::fill(w.m.begin(), w.m.end(), -std::numeric_limits<float>::infinity());
+  std::fill(w.l.begin(), w.l.end(), 0.0f);
+  for (int64_t kb = blocks.first; kb <= blocks.last; ++kb) {
+    const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
+    w.tiles.stats_step(s, q0, nq, j0, nk, scores_of(kb), w.m.data(), w.l.data());
+  }
+  w.tiles.row_d(a, s, p, b, h, q0, nq, w.D.data());
+  for (int64_t r = 0; r < p.block_q; ++r) {
+    const bool in = r < nq;
+    w.inv_l[r] = in && w.l[r] > 0.0f ? 1.0f / w.l[r] : 0.0f;
+    if (!in) w.m[r] = w.D[r] = 0.0f;
+  }
+}
+
+// The query side of the unfused passes: Q, dO and the row stats (m, 1 / l,
+// D) of rows q0 .. q0 + nq - 1 of head h.
 template <class Tiles>
 void load_query_side(const BackwardArgs& a, const Shape& s, const Plan& p, const RowStats& st,
                      int64_t b, int64_t h, int64_t q0, int64_t nq, Scratch<Tiles>& w) {
@@ -351,171 +413,184 @@ void load_query_side(const BackwardArgs& a, const Shape& s, const Plan& p, const
   }
 }
 
-// The key side: K and V of keys j0 .. j0 + nk - 1.
+// The key side: K and V of keys j0 .. j0 + nk - 1 into `key`, its dK and dV
+// sums zeroed.
 template <class Tiles>
-void load_key_side(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
-                   int64_t j0, int64_t nk, Scratch<Tiles>& w) {
-  w.tiles.load_k(a, s, p, b, hkv, j0, nk);
-  w.tiles.load_v(a, s, p, b, hkv, j0, nk);
+void open_key_block(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+                    int64_t kb, Tiles& tiles, KeyBlock<Tiles>& key) {
+  const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
+  tiles.load_k(a, s, p, b, hkv, j0, nk, key.keys);
+  tiles.load_v(a, s, p, b, hkv, j0, nk, key.keys);
+  std::fill(key.dK.begin(), key.dK.end(), 0.0f);
+  std::fill(key.dV.begin(), key.dV.end(), 0.0f);
 }
 
-// P (in S) and dS (in dP) of the loaded query and key sides.
 template <class Tiles>
-void probabilities_and_ds(const Shape& s, const Plan& p, int64_t q0, int64_t j0, int64_t nk,
-                          Scratch<Tiles>& w) {
-  w.tiles.scores(s, p, w.S.data());
-  w.tiles.score_grads(s, p, w.dP.data());
-  w.tiles.probabilities_and_ds(s, p, q0, j0, nk, w.S.data(), w.dP.data(), w.T.data(), w.m.data(),
+void close_key_block(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+                     int64_t kb, Tiles& tiles, KeyBlock<Tiles>& key) {
+  const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
+  tiles.store(a.dk, b, hkv, j0, nk, s.d, key.dK.data(), p.dp);
+  tiles.store(a.dv, b, hkv, j0, nk, s.d, key.dV.data(), p.dp);
+}
+
+// One tile of the loaded query side against key block kb: P and dS from the
+// scores S (overwritten by P) and dO V^T (into w.dP, then dS); dV += P^T dO
+// and dK += dS^T Q into the block's sums; dQ += dS K into dq when not null.
+template <class Tiles>
+void add_tile(const Shape& s, const Plan& p, int64_t q0, int64_t kb, float* S, KeyBlock<Tiles>& key,
+              Scratch<Tiles>& w, float* dq) {
+  const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
+  w.tiles.score_grads(s, p, key.keys, w.dP.data());
+  w.tiles.probabilities_and_ds(s, p, q0, j0, nk, S, w.dP.data(), w.T.data(), w.m.data(),
                                w.inv_l.data(), w.D.data());
+  w.tiles.add_grads(p, S, w.dP.data(), key.dK.data(), key.dV.data());
+  if (dq != nullptr) w.tiles.add_dq(p, key.keys, w.dP.data(), dq);
 }
 
-// Phase 1: m, 1 / l and D of query block qb of head h, key blocks
-// ascending (the forward's online softmax without O).
+// The fused backward's working set on one worker: a group's key blocks and,
+// for up to kFusedHeads heads at once, a query tile and its scores over every
+// key block.
 template <class Tiles>
-void row_stats(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t h,
-               int64_t qb, Scratch<Tiles>& w, RowStats& st) {
-  const int64_t bq = p.block_q, q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  w.tiles.load_q(a, s, p, b, h, q0, nq);
-  std::fill(w.m.begin(), w.m.end(), neg_inf);
-  std::fill(w.D.begin(), w.D.end(), 0.0f);  // l
-  const Range blocks = key_blocks(s, q0, q0 + nq - 1);
-  for (int64_t kb = blocks.first; kb <= blocks.last; ++kb) {
-    const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
-    w.tiles.load_k(a, s, p, b, h / s.rep, j0, nk);
-    w.tiles.scores(s, p, w.S.data());
-    w.tiles.stats_step(s, q0, nq, j0, nk, w.S.data(), w.m.data(), w.D.data());
+struct GroupScratch {
+  std::vector<KeyBlock<Tiles>> keys;
+  std::vector<Scratch<Tiles>> heads;
+  std::vector<std::vector<float>> scores;  // per head: k_blocks tiles [bq][Bk]
+  GroupScratch(const Shape& s, const Plan& p) {
+    const int64_t n = std::min(s.rep, kFusedHeads);
+    keys.reserve(std::size_t(p.k_blocks));
+    for (int64_t kb = 0; kb < p.k_blocks; ++kb) keys.emplace_back(p);
+    heads.reserve(std::size_t(n));
+    for (int64_t i = 0; i < n; ++i) {
+      heads.emplace_back(p);
+      scores.push_back(cpu::scratch_floats(p.k_blocks * p.block_q * kBlockK));
+    }
   }
-  for (int64_t r = 0; r < nq; ++r) {
-    st.m[st.at(s, b, h, q0 + r)] = w.m[r];
-    st.inv_l[st.at(s, b, h, q0 + r)] = w.D[r] > 0.0f ? 1.0f / w.D[r] : 0.0f;
+};
+
+// The fused backward, a task per (batch, kv head): every key block of the
+// group loaded once; then, query block by query block and up to
+// kFusedHeads heads of the group at a time, each head's query tile scored
+// against its whole band once. The cached scores give the rows' statistics
+// and then, key block by key block in ascending order, P, dS and the three
+// gradient products: five tile products per tile, where the unfused passes
+// compute Q K^T three times and dO V^T twice. The heads share each visit to
+// a key block, so its operands and sums are read from memory once for them
+// (docs/decisions/cpu-flash-backward-fused-dq.md).
+template <class Tiles>
+void fused_group(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
+                 GroupScratch<Tiles>& group) {
+  std::vector<KeyBlock<Tiles>>& keys = group.keys;
+  for (int64_t kb = 0; kb < p.k_blocks; ++kb)
+    open_key_block(a, s, p, b, hkv, kb, group.heads[0].tiles, keys[std::size_t(kb)]);
+  const int64_t tile = p.block_q * kBlockK, at_once = int64_t(group.heads.size());
+  for (int64_t qb = 0; qb < p.q_blocks; ++qb) {
+    const int64_t q0 = qb * p.block_q, nq = std::min(p.block_q, s.Tq - q0);
+    const Range blocks = key_blocks(s, q0, q0 + nq - 1);
+    for (int64_t g0 = 0; g0 < s.rep; g0 += at_once) {
+      const int64_t n = std::min(at_once, s.rep - g0);
+      const auto cached = [&](int64_t i, int64_t kb) {
+        return group.scores[std::size_t(i)].data() + (kb - blocks.first) * tile;
+      };
+      for (int64_t i = 0; i < n; ++i) {
+        Scratch<Tiles>& w = group.heads[std::size_t(i)];
+        const int64_t h = hkv * s.rep + g0 + i;
+        w.tiles.load_q(a, s, p, b, h, q0, nq);
+        w.tiles.load_do(a, s, p, b, h, q0, nq);
+        tile_stats(a, s, p, b, h, q0, nq, blocks, w, [&](int64_t kb) {
+          w.tiles.scores(s, p, keys[std::size_t(kb)].keys, cached(i, kb));
+          std::copy(cached(i, kb), cached(i, kb) + tile, w.T.data());
+          return w.T.data();
+        });
+        std::fill(w.acc.begin(), w.acc.end(), 0.0f);
+      }
+      for (int64_t kb = blocks.first; kb <= blocks.last; ++kb)
+        for (int64_t i = 0; i < n; ++i) {
+          Scratch<Tiles>& w = group.heads[std::size_t(i)];
+          add_tile(s, p, q0, kb, cached(i, kb), keys[std::size_t(kb)], w, w.acc.data());
+        }
+      for (int64_t i = 0; i < n; ++i) {
+        Scratch<Tiles>& w = group.heads[std::size_t(i)];
+        w.tiles.store(a.dq, b, hkv * s.rep + g0 + i, q0, nq, s.d, w.acc.data(), p.dp);
+      }
+    }
   }
-  w.tiles.load_do(a, s, p, b, h, q0, nq);
-  w.tiles.row_d(a, s, p, b, h, q0, nq, w.D.data());
-  for (int64_t r = 0; r < nq; ++r) st.D[st.at(s, b, h, q0 + r)] = w.D[r];
+  for (int64_t kb = 0; kb < p.k_blocks; ++kb)
+    close_key_block(a, s, p, b, hkv, kb, group.heads[0].tiles, keys[std::size_t(kb)]);
 }
 
 template <class Tiles>
 void run(const BackwardArgs& args) {
   const Shape s = detail::resolve(args.problem);
   const Plan plan = make_plan(s);
-  const int64_t d = s.d, dp = plan.dp, bq = plan.block_q;
+  const int64_t bq = plan.block_q;
   const int64_t kv_tasks = s.B * s.Hkv * plan.k_blocks;
   const int64_t q_tasks = s.B * s.H * plan.q_blocks;
   const int threads = args.options.num_threads;
 
-  // The fused pass holds kFusedKeyBlocks key blocks at once, one Scratch
-  // each: Q, dO and the group's dQ rows are then read from memory once per
-  // chunk of key blocks, not once per block (measured:
-  // docs/decisions/cpu-flash-backward-fused-dq.md). Each dQ row still adds
-  // its key blocks in ascending order, and each dK / dV its (head, query
-  // block) tiles in the same order: the same bits as one block at a time.
-  constexpr int64_t kFusedKeyBlocks = 4;
-  const bool fused = fuse_dq(s, plan, threads);
-  const int64_t slots = fused ? kFusedKeyBlocks : 1;  // Scratch per worker
-  const int64_t workers = cpu::worker_count(std::max(kv_tasks, q_tasks), threads);
-  std::vector<Scratch<Tiles>> scratch;
-  scratch.reserve(static_cast<std::size_t>(workers * slots));
-  for (int64_t i = 0; i < workers * slots; ++i) scratch.emplace_back(plan);
-  const auto slot = [&](int64_t worker, int64_t i) -> Scratch<Tiles>& {
-    return scratch[static_cast<std::size_t>(worker * slots + i)];
-  };
-  // fused: one group's dQ per worker, [rep][q_blocks * bq][dp].
-  std::vector<std::vector<float>> group_dq(fused ? static_cast<std::size_t>(workers) : 0);
-  for (std::vector<float>& g : group_dq) g = cpu::scratch_floats(s.rep * plan.q_blocks * bq * dp);
-  const int64_t rows = s.B * s.H * s.Tq;
-  RowStats stats{cpu::scratch_floats(rows), cpu::scratch_floats(rows), cpu::scratch_floats(rows)};
-
-  cpu::parallel_for(q_tasks, threads, [&](int64_t task, int64_t worker) {
-    const int64_t qb = plan.q_blocks - 1 - task % plan.q_blocks;
-    const int64_t h = (task / plan.q_blocks) % s.H;
-    const int64_t b = task / (plan.q_blocks * s.H);
-    row_stats(args, s, plan, b, h, qb, slot(worker, 0), stats);
-  });
-
-  // A key block's dK and dV in w: its keys loaded, the sums zeroed; then
-  // the tiles of (head g of the group, query block qb) added, P^T dO and
-  // dS^T Q (and dS K into dq_rows when not null); then stored.
-  const auto open_key_block = [&](Scratch<Tiles>& w, int64_t b, int64_t hkv, int64_t kb) {
-    const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
-    load_key_side(args, s, plan, b, hkv, j0, nk, w);
-    std::fill(w.dK.begin(), w.dK.end(), 0.0f);
-    std::fill(w.dV.begin(), w.dV.end(), 0.0f);
-  };
-  const auto add_tile = [&](Scratch<Tiles>& w, int64_t b, int64_t hkv, int64_t kb, int64_t g,
-                            int64_t qb, float* dq_rows) {
-    const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
-    const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
-    load_query_side(args, s, plan, stats, b, hkv * s.rep + g, q0, nq, w);
-    probabilities_and_ds(s, plan, q0, j0, nk, w);
-    w.tiles.add_grads(plan, w.S.data(), w.dP.data(), w.dK.data(), w.dV.data());
-    if (dq_rows != nullptr) w.tiles.add_dq(plan, w.dP.data(), dq_rows);
-  };
-  const auto close_key_block = [&](Scratch<Tiles>& w, int64_t b, int64_t hkv, int64_t kb) {
-    const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
-    w.tiles.store(args.dk, b, hkv, j0, nk, d, w.dK.data(), dp);
-    w.tiles.store(args.dv, b, hkv, j0, nk, d, w.dV.data(), dp);
-  };
-  const auto band = [&](int64_t kb) {
-    const int64_t j0 = kb * kBlockK;
-    return query_blocks(s, plan, j0, std::min(j0 + kBlockK, s.Tk) - 1);
-  };
-
-  if (fused) {
-    // A task per (batch, kv head): its key blocks in chunks, each chunk
-    // walking the group's query tiles once.
+  if (use_fused_pass(s, plan, threads)) {
+    const int64_t workers = cpu::worker_count(s.B * s.Hkv, threads);
+    std::vector<GroupScratch<Tiles>> groups;
+    groups.reserve(static_cast<std::size_t>(workers));
+    for (int64_t i = 0; i < workers; ++i) groups.emplace_back(s, plan);
     cpu::parallel_for(s.B * s.Hkv, threads, [&](int64_t task, int64_t worker) {
-      std::vector<float>& dq = group_dq[static_cast<std::size_t>(worker)];
-      const int64_t hkv = task % s.Hkv, b = task / s.Hkv;
-      std::fill(dq.begin(), dq.end(), 0.0f);
-      for (int64_t k0 = 0; k0 < plan.k_blocks; k0 += kFusedKeyBlocks) {
-        const int64_t n = std::min(kFusedKeyBlocks, plan.k_blocks - k0);
-        Range blocks;  // the union of the chunk's bands
-        for (int64_t i = 0; i < n; ++i) {
-          open_key_block(slot(worker, i), b, hkv, k0 + i);
-          const Range r = band(k0 + i);
-          if (r.empty()) continue;
-          blocks = blocks.empty()
-                       ? r
-                       : Range{std::min(blocks.first, r.first), std::max(blocks.last, r.last)};
-        }
-        for (int64_t g = 0; g < s.rep; ++g)
-          for (int64_t qb = blocks.first; qb <= blocks.last; ++qb) {
-            float* dq_rows = dq.data() + (g * plan.q_blocks + qb) * bq * dp;
-            for (int64_t i = 0; i < n; ++i) {
-              const Range r = band(k0 + i);
-              if (qb >= r.first && qb <= r.last)
-                add_tile(slot(worker, i), b, hkv, k0 + i, g, qb, dq_rows);
-            }
-          }
-        for (int64_t i = 0; i < n; ++i) close_key_block(slot(worker, i), b, hkv, k0 + i);
-      }
-      for (int64_t g = 0; g < s.rep; ++g)
-        for (int64_t qb = 0; qb < plan.q_blocks; ++qb) {
-          const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
-          slot(worker, 0).tiles.store(args.dq, b, hkv * s.rep + g, q0, nq, d,
-                                      dq.data() + (g * plan.q_blocks + qb) * bq * dp, dp);
-        }
+      fused_group(args, s, plan, task / s.Hkv, task % s.Hkv,
+                  groups[static_cast<std::size_t>(worker)]);
     });
     return;
   }
 
+  const int64_t workers = cpu::worker_count(std::max(kv_tasks, q_tasks), threads);
+  std::vector<Scratch<Tiles>> scratch;
+  scratch.reserve(static_cast<std::size_t>(workers));
+  for (int64_t i = 0; i < workers; ++i) scratch.emplace_back(plan);
+
+  // Unfused: statistics, then dK / dV by key block, then dQ by query block.
+  const int64_t rows = s.B * s.H * s.Tq;
+  RowStats stats{cpu::scratch_floats(rows), cpu::scratch_floats(rows), cpu::scratch_floats(rows)};
+  cpu::parallel_for(q_tasks, threads, [&](int64_t task, int64_t worker) {
+    Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
+    const int64_t qb = plan.q_blocks - 1 - task % plan.q_blocks;
+    const int64_t h = (task / plan.q_blocks) % s.H;
+    const int64_t b = task / (plan.q_blocks * s.H);
+    const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
+    w.tiles.load_q(args, s, plan, b, h, q0, nq);
+    w.tiles.load_do(args, s, plan, b, h, q0, nq);
+    tile_stats(args, s, plan, b, h, q0, nq, key_blocks(s, q0, q0 + nq - 1), w, [&](int64_t kb) {
+      const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
+      w.tiles.load_k(args, s, plan, b, h / s.rep, j0, nk, w.key.keys);
+      w.tiles.scores(s, plan, w.key.keys, w.S.data());
+      return w.S.data();
+    });
+    for (int64_t r = 0; r < nq; ++r) {
+      stats.m[stats.at(s, b, h, q0 + r)] = w.m[r];
+      stats.inv_l[stats.at(s, b, h, q0 + r)] = w.inv_l[r];
+      stats.D[stats.at(s, b, h, q0 + r)] = w.D[r];
+    }
+  });
+
+  // dK / dV: one key block, the query blocks in its band and each one's
+  // heads of the group in ascending order (the fused pass's order).
   cpu::parallel_for(kv_tasks, threads, [&](int64_t task, int64_t worker) {
+    Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
     const int64_t kb = task % plan.k_blocks;
     const int64_t hkv = (task / plan.k_blocks) % s.Hkv;
     const int64_t b = task / (plan.k_blocks * s.Hkv);
-    Scratch<Tiles>& w = slot(worker, 0);
-    open_key_block(w, b, hkv, kb);
-    const Range blocks = band(kb);
-    for (int64_t g = 0; g < s.rep; ++g)
-      for (int64_t qb = blocks.first; qb <= blocks.last; ++qb)
-        add_tile(w, b, hkv, kb, g, qb, nullptr);
-    close_key_block(w, b, hkv, kb);
+    open_key_block(args, s, plan, b, hkv, kb, w.tiles, w.key);
+    const int64_t j0 = kb * kBlockK;
+    const Range blocks = query_blocks(s, plan, j0, std::min(j0 + kBlockK, s.Tk) - 1);
+    for (int64_t qb = blocks.first; qb <= blocks.last; ++qb)
+      for (int64_t g = 0; g < s.rep; ++g) {
+        const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
+        load_query_side(args, s, plan, stats, b, hkv * s.rep + g, q0, nq, w);
+        w.tiles.scores(s, plan, w.key.keys, w.S.data());
+        add_tile(s, plan, q0, kb, w.S.data(), w.key, w, nullptr);
+      }
+    close_key_block(args, s, plan, b, hkv, kb, w.tiles, w.key);
   });
 
   // dQ: one head's query block, its key blocks in ascending order.
   cpu::parallel_for(q_tasks, threads, [&](int64_t task, int64_t worker) {
-    Scratch<Tiles>& w = slot(worker, 0);
+    Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
     const int64_t qb = plan.q_blocks - 1 - task % plan.q_blocks;
     const int64_t h = (task / plan.q_blocks) % s.H;
     const int64_t b = task / (plan.q_blocks * s.H);
@@ -525,11 +600,15 @@ void run(const BackwardArgs& args) {
     const Range blocks = key_blocks(s, q0, q0 + nq - 1);
     for (int64_t kb = blocks.first; kb <= blocks.last; ++kb) {
       const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
-      load_key_side(args, s, plan, b, h / s.rep, j0, nk, w);
-      probabilities_and_ds(s, plan, q0, j0, nk, w);
-      w.tiles.add_dq(plan, w.dP.data(), w.acc.data());
+      w.tiles.load_k(args, s, plan, b, h / s.rep, j0, nk, w.key.keys);
+      w.tiles.load_v(args, s, plan, b, h / s.rep, j0, nk, w.key.keys);
+      w.tiles.scores(s, plan, w.key.keys, w.S.data());
+      w.tiles.score_grads(s, plan, w.key.keys, w.dP.data());
+      w.tiles.probabilities_and_ds(s, plan, q0, j0, nk, w.S.data(), w.dP.data(), w.T.data(),
+                                   w.m.data(), w.inv_l.data(), w.D.data());
+      w.tiles.add_dq(plan, w.key.keys, w.dP.data(), w.acc.data());
     }
-    w.tiles.store(args.dq, b, h, q0, nq, d, w.acc.data(), dp);
+    w.tiles.store(args.dq, b, h, q0, nq, s.d, w.acc.data(), plan.dp);
   });
 }
 

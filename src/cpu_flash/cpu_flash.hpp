@@ -1,6 +1,7 @@
 // cpu-flash's passes (docs/backends/cpu-flash.md): the FlashAttention
 // algorithm on the host, query blocks by key blocks with an online softmax,
-// memory O(block) per thread. Checked against the f64 oracle, for
+// never a Tq x Tk matrix (the forward's memory is O(block) per thread, the
+// backward's fused pass O(Tk), capped). Checked against the f64 oracle, for
 // determinism and for fully written outputs by tests/cpu/test_cpu_flash.cpp.
 #pragma once
 

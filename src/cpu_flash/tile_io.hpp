@@ -52,9 +52,15 @@ struct TileView {
 // padding (f32, d == ld_pad, every row valid), else loaded into `scratch`
 // by load_tile. Saves a copy per tile where the same rows are read by many
 // tiles (the backward's query side, every key block's K and V).
+// Whether f32_tile reads such a tile in place (then `scratch` is not used).
+inline bool f32_tile_in_place(const TensorRef& t, int64_t rows, int64_t valid, int64_t d,
+                              int64_t ld_pad) {
+  return t.dtype == DType::f32 && d == ld_pad && valid == rows;
+}
+
 inline TileView f32_tile(const TensorRef& t, int64_t b, int64_t head, int64_t row0, int64_t rows,
                          int64_t valid, int64_t d, int64_t ld_pad, float* scratch) {
-  if (t.dtype == DType::f32 && d == ld_pad && valid == rows)
+  if (f32_tile_in_place(t, rows, valid, d, ld_pad))
     return TileView{static_cast<const float*>(t.data) + cpu::element_offset(t, b, row0, head),
                     t.stride[1]};
   load_tile(t, b, head, row0, rows, valid, d, scratch, ld_pad);

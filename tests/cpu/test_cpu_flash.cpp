@@ -141,13 +141,14 @@ TEST(CpuFlash, SameBitsAcrossRunsAndThreadCounts) {
   }
 }
 
-// The backward adds dQ inside the dK/dV tasks when the (batch, kv head)
-// pairs occupy every worker, else in a pass of its own (backward.cpp
-// fuse_dq): one thread takes the first, three the second, with the same
-// bits, over masks whose bands start and end inside blocks.
+// The backward runs fused when the (batch, kv head) pairs occupy every
+// worker, else as three passes (backward.cpp use_fused_pass): one thread
+// takes the first, three the second, with the same bits, over masks whose bands start and end
+// inside blocks, and a group of more heads than the fused pass holds at once.
 TEST(CpuFlash, FusedAndSeparateDqGiveTheSameBits) {
   for (const Problem& p :
        {make_problem(1, 150, 130, 4, 1, 48, true, 0, 20.0f),
+        make_problem(1, 100, 140, 6, 1, 32, false, 0, 15.0f),
         make_problem(1, 200, 260, 3, 1, 32, true, 70), make_problem(1, 90, 90, 2, 1, 16, false, 33),
         with_q_start(make_problem(1, 70, 150, 2, 1, 32, true), -20)}) {
     const Inputs in = random_inputs(p, 78);

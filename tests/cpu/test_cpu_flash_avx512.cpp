@@ -344,9 +344,10 @@ TEST(CpuFlashBf16, WindowOfOneKeyGivesZeroDqDk) {
 TEST(CpuFlashBf16, SameBitsAcrossRunsThreadsAndDqPasses) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   const Bf16Dot path(true);
-  // One thread fuses dQ into the dK/dV pass, three do not (B x Hkv = 2).
+  // One thread fuses dQ into the dK/dV pass, three do not (B x Hkv <= 2).
   for (const Problem& p : {make_problem(2, 150, 130, 4, 1, 48, true, 0, 20.0f),
                            make_problem(1, 200, 260, 3, 1, 80, true, 70),
+                           make_problem(1, 100, 140, 6, 1, 32, false, 0, 15.0f),
                            with_q_start(make_problem(1, 70, 150, 2, 1, 128, true), -20)}) {
     const Inputs in = bf16_inputs(p, 79);
     const Outputs one = run_flash(in, Layout::packed, 1);
