@@ -110,7 +110,8 @@ void transpose_pairs(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld
 // tanh(s / softcap) when softcap > 0), tanh by a polynomial (absolute error
 // about 1.2e-7, the CUDA kernels' for small arguments) where transform_row
 // calls std::tanh, and exp is exp_sub's polynomial. Sums over a row run in a fixed order (four
-// vectors of 16 added pairwise, then the lanes).
+// vectors of 16 added pairwise, then the lanes in a halving tree: i + 8, i + 4,
+// i + 2, i + 1).
 struct ScoreRows {
   const int64_t* lo;
   const int64_t* hi;
