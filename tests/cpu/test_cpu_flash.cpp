@@ -142,9 +142,10 @@ TEST(CpuFlash, SameBitsAcrossRunsAndThreadCounts) {
 }
 
 // The backward runs fused when the (batch, kv head) pairs occupy every
-// worker, else as three passes (backward.cpp use_fused_pass): one thread
-// takes the first, three the second, with the same bits, over masks whose bands start and end
-// inside blocks, and a group of more heads than the fused pass holds at once.
+// worker, else as three passes with a separate dQ pass (backward.cpp
+// use_fused_pass): one thread takes the first, three the second, with the
+// same bits, over masks whose bands start and end inside blocks, and a
+// group of more heads than the fused pass holds at once.
 TEST(CpuFlash, FusedAndSeparateDqGiveTheSameBits) {
   for (const Problem& p :
        {make_problem(1, 150, 130, 4, 1, 48, true, 0, 20.0f),
