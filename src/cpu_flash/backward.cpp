@@ -113,8 +113,9 @@ struct F32Tiles {
   void add_dq(const Plan& p, const Keys& keys, const float* dS, float* dq) {
     gemm_nn(p.block_q, p.dp, kBlockK, dS, kBlockK, keys.k.data, keys.k.ld, dq, p.dp, true);
   }
-  // The statistics phase's online-softmax step on the scores S of rows
-  // q0 .. q0 + nq - 1 and keys j0 .. j0 + nk - 1: m and l updated.
+  // The statistics' online-softmax step (tile_stats) on the scores S of
+  // rows q0 .. q0 + nq - 1 and keys j0 .. j0 + nk - 1: m and l updated, S
+  // overwritten.
   void stats_step(const Shape& s, int64_t q0, int64_t nq, int64_t j0, int64_t nk, float* S,
                   float* m, float* l) {
     const float neg_inf = -std::numeric_limits<float>::infinity();
