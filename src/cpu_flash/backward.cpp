@@ -51,14 +51,13 @@ using detail::BackwardArgs;
 // V [Bk][dp] the staging of V^T; `trans` a score tile transposed [Bk][bq].
 struct F32Tiles {
   struct Keys {
-    std::vector<float> K, Kt, Vt;  // K: only where it is not read in place
+    std::vector<float> K, Kt, Vt;  // K: staging where it is not read in place
     TileView k;                    // where K is read
+    // Every buffer allocated here, before any output is written.
     explicit Keys(const Plan& p)
-        : Kt(cpu::scratch_floats(kBlockK * p.dp)), Vt(cpu::scratch_floats(kBlockK * p.dp)) {}
-    float* staged_k(const Plan& p) {
-      if (K.empty()) K = cpu::scratch_floats(kBlockK * p.dp);
-      return K.data();
-    }
+        : K(cpu::scratch_floats(kBlockK * p.dp)),
+          Kt(cpu::scratch_floats(kBlockK * p.dp)),
+          Vt(cpu::scratch_floats(kBlockK * p.dp)) {}
   };
   std::vector<float> Q, dO, O, V, trans;
   F32Tiles(const Plan& p)
@@ -83,10 +82,9 @@ struct F32Tiles {
   }
   void load_k(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
               int64_t j0, int64_t nk, Keys& keys) {
-    float* K = keys.staged_k(p);
-    load_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, K, p.dp);
-    keys.k = TileView{K, p.dp};
-    transpose(kBlockK, p.dp, K, p.dp, keys.Kt.data(), kBlockK);
+    load_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, keys.K.data(), p.dp);
+    keys.k = TileView{keys.K.data(), p.dp};
+    transpose(kBlockK, p.dp, keys.K.data(), p.dp, keys.Kt.data(), kBlockK);
   }
   void load_v(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
               int64_t j0, int64_t nk, Keys& keys) {
@@ -189,8 +187,7 @@ struct F32Avx512Tiles : F32Tiles {
   }
   void load_k(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
               int64_t j0, int64_t nk, Keys& keys) {
-    float* staging = f32_tile_in_place(a.k, kBlockK, nk, s.d, p.dp) ? nullptr : keys.staged_k(p);
-    keys.k = f32_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, p.dp, staging);
+    keys.k = f32_tile(a.k, b, hkv, j0, kBlockK, nk, s.d, p.dp, keys.K.data());
     transpose_f32(kBlockK, p.dp, keys.k.data, keys.k.ld, keys.Kt.data(), kBlockK);
   }
   void load_v(const BackwardArgs& a, const Shape& s, const Plan& p, int64_t b, int64_t hkv,
@@ -347,9 +344,9 @@ struct Scratch {
         inv_l(cpu::scratch_floats(p.block_q)) {}
 };
 
-// The fused pass's memory on one worker (GroupScratch, below): K^T, V^T, dK
-// and dV of every key block, K where it is not read in place, and each
-// held head's scores over every key block.
+// The fused pass's memory on one worker (GroupScratch, below): K^T, V^T, dK,
+// dV and K's staging of every key block, and each held head's scores over
+// every key block.
 constexpr int64_t kFusedHeads = 4;
 int64_t fused_bytes(const Shape& s, const Plan& p) {
   const int64_t keys = p.k_blocks * kBlockK;

@@ -47,13 +47,6 @@ struct TileView {
   int64_t ld = 0;
 };
 
-// Whether f32_tile reads a tile in place (f32, d == ld_pad, every row
-// valid), so it needs no scratch.
-inline bool f32_tile_in_place(const TensorRef& t, int64_t rows, int64_t valid, int64_t d,
-                              int64_t ld_pad) {
-  return t.dtype == DType::f32 && d == ld_pad && valid == rows;
-}
-
 // rows x d elements of t (batch b, head, rows from row0) as an f32 tile of
 // ld_pad-float rows: read where they lie when nothing needs converting or
 // padding (f32, d == ld_pad, every row valid), else loaded into `scratch`
@@ -61,7 +54,7 @@ inline bool f32_tile_in_place(const TensorRef& t, int64_t rows, int64_t valid, i
 // tiles (the backward's query side, every key block's K and V).
 inline TileView f32_tile(const TensorRef& t, int64_t b, int64_t head, int64_t row0, int64_t rows,
                          int64_t valid, int64_t d, int64_t ld_pad, float* scratch) {
-  if (f32_tile_in_place(t, rows, valid, d, ld_pad))
+  if (t.dtype == DType::f32 && d == ld_pad && valid == rows)
     return TileView{static_cast<const float*>(t.data) + cpu::element_offset(t, b, row0, head),
                     t.stride[1]};
   load_tile(t, b, head, row0, rows, valid, d, scratch, ld_pad);
