@@ -323,17 +323,15 @@ struct KeyBlock {
       : keys(p), dK(cpu::scratch_floats(kBlockK * p.dp)), dV(cpu::scratch_floats(kBlockK * p.dp)) {}
 };
 
-// One thread's tiles: the path's query-side operands, one key block, the f32
-// score side [bq][Bk], a dQ tile [bq][dp] and the loaded rows' statistics
-// (l: the running sums while they are gathered).
+// One thread's query side: the path's operands, the f32 score side
+// [bq][Bk], a dQ tile [bq][dp] and the loaded rows' statistics (l: the
+// running sums while they are gathered).
 template <class Tiles>
 struct Scratch {
   Tiles tiles;
-  KeyBlock<Tiles> key;
   std::vector<float> S, T, dP, acc, D, m, l, inv_l;
   explicit Scratch(const Plan& p)
       : tiles(p),
-        key(p),
         S(cpu::scratch_floats(p.block_q * kBlockK)),
         T(cpu::scratch_floats(p.block_q * kBlockK)),
         dP(cpu::scratch_floats(p.block_q * kBlockK)),
@@ -431,16 +429,23 @@ void close_key_block(const BackwardArgs& a, const Shape& s, const Plan& p, int64
   tiles.store(a.dv, b, hkv, j0, nk, s.d, key.dV.data(), p.dp);
 }
 
-// One tile of the loaded query side against key block kb: P and dS from the
-// scores S (overwritten by P) and dO V^T (into w.dP, then dS); dV += P^T dO
-// and dK += dS^T Q into the block's sums; dQ += dS K into dq when not null.
+// P and dS of the loaded query side against key block kb: from the scores S
+// (overwritten by P) and dO V^T (into w.dP, then dS).
+template <class Tiles>
+void probabilities_and_ds(const Shape& s, const Plan& p, int64_t q0, int64_t kb, float* S,
+                          const typename Tiles::Keys& keys, Scratch<Tiles>& w) {
+  const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
+  w.tiles.score_grads(s, p, keys, w.dP.data());
+  w.tiles.probabilities_and_ds(s, p, q0, j0, nk, S, w.dP.data(), w.T.data(), w.m.data(),
+                               w.inv_l.data(), w.D.data());
+}
+
+// One tile against key block kb: P and dS, then dV += P^T dO and dK += dS^T
+// Q into the block's sums, and dQ += dS K into dq when not null.
 template <class Tiles>
 void add_tile(const Shape& s, const Plan& p, int64_t q0, int64_t kb, float* S, KeyBlock<Tiles>& key,
               Scratch<Tiles>& w, float* dq) {
-  const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
-  w.tiles.score_grads(s, p, key.keys, w.dP.data());
-  w.tiles.probabilities_and_ds(s, p, q0, j0, nk, S, w.dP.data(), w.T.data(), w.m.data(),
-                               w.inv_l.data(), w.D.data());
+  probabilities_and_ds(s, p, q0, kb, S, key.keys, w);
   w.tiles.add_grads(p, S, w.dP.data(), key.dK.data(), key.dV.data());
   if (dq != nullptr) w.tiles.add_dq(p, key.keys, w.dP.data(), dq);
 }
@@ -539,14 +544,20 @@ void run(const BackwardArgs& args) {
 
   const int64_t workers = cpu::worker_count(std::max(kv_tasks, q_tasks), threads);
   std::vector<Scratch<Tiles>> scratch;
+  std::vector<KeyBlock<Tiles>> keys;  // one key block a worker
   scratch.reserve(static_cast<std::size_t>(workers));
-  for (int64_t i = 0; i < workers; ++i) scratch.emplace_back(plan);
+  keys.reserve(static_cast<std::size_t>(workers));
+  for (int64_t i = 0; i < workers; ++i) {
+    scratch.emplace_back(plan);
+    keys.emplace_back(plan);
+  }
 
   // Unfused: statistics, then dK / dV by key block, then dQ by query block.
   const int64_t rows = s.B * s.H * s.Tq;
   RowStats stats{cpu::scratch_floats(rows), cpu::scratch_floats(rows), cpu::scratch_floats(rows)};
   cpu::parallel_for(q_tasks, threads, [&](int64_t task, int64_t worker) {
     Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
+    KeyBlock<Tiles>& key = keys[static_cast<std::size_t>(worker)];
     const int64_t qb = plan.q_blocks - 1 - task % plan.q_blocks;
     const int64_t h = (task / plan.q_blocks) % s.H;
     const int64_t b = task / (plan.q_blocks * s.H);
@@ -555,8 +566,8 @@ void run(const BackwardArgs& args) {
     w.tiles.load_do(args, s, plan, b, h, q0, nq);
     tile_stats(args, s, plan, b, h, q0, nq, key_blocks(s, q0, q0 + nq - 1), w, [&](int64_t kb) {
       const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
-      w.tiles.load_k(args, s, plan, b, h / s.rep, j0, nk, w.key.keys);
-      w.tiles.scores(s, plan, w.key.keys, w.S.data());
+      w.tiles.load_k(args, s, plan, b, h / s.rep, j0, nk, key.keys);
+      w.tiles.scores(s, plan, key.keys, w.S.data());
       return w.S.data();
     });
     for (int64_t r = 0; r < nq; ++r) {
@@ -570,25 +581,27 @@ void run(const BackwardArgs& args) {
   // heads of the group in ascending order (the fused pass's order).
   cpu::parallel_for(kv_tasks, threads, [&](int64_t task, int64_t worker) {
     Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
+    KeyBlock<Tiles>& key = keys[static_cast<std::size_t>(worker)];
     const int64_t kb = task % plan.k_blocks;
     const int64_t hkv = (task / plan.k_blocks) % s.Hkv;
     const int64_t b = task / (plan.k_blocks * s.Hkv);
-    open_key_block(args, s, plan, b, hkv, kb, w.tiles, w.key);
+    open_key_block(args, s, plan, b, hkv, kb, w.tiles, key);
     const int64_t j0 = kb * kBlockK;
     const Range blocks = query_blocks(s, plan, j0, std::min(j0 + kBlockK, s.Tk) - 1);
     for (int64_t qb = blocks.first; qb <= blocks.last; ++qb)
       for (int64_t g = 0; g < s.rep; ++g) {
         const int64_t q0 = qb * bq, nq = std::min(bq, s.Tq - q0);
         load_query_side(args, s, plan, stats, b, hkv * s.rep + g, q0, nq, w);
-        w.tiles.scores(s, plan, w.key.keys, w.S.data());
-        add_tile(s, plan, q0, kb, w.S.data(), w.key, w, nullptr);
+        w.tiles.scores(s, plan, key.keys, w.S.data());
+        add_tile(s, plan, q0, kb, w.S.data(), key, w, nullptr);
       }
-    close_key_block(args, s, plan, b, hkv, kb, w.tiles, w.key);
+    close_key_block(args, s, plan, b, hkv, kb, w.tiles, key);
   });
 
   // dQ: one head's query block, its key blocks in ascending order.
   cpu::parallel_for(q_tasks, threads, [&](int64_t task, int64_t worker) {
     Scratch<Tiles>& w = scratch[static_cast<std::size_t>(worker)];
+    typename Tiles::Keys& k = keys[static_cast<std::size_t>(worker)].keys;
     const int64_t qb = plan.q_blocks - 1 - task % plan.q_blocks;
     const int64_t h = (task / plan.q_blocks) % s.H;
     const int64_t b = task / (plan.q_blocks * s.H);
@@ -598,13 +611,11 @@ void run(const BackwardArgs& args) {
     const Range blocks = key_blocks(s, q0, q0 + nq - 1);
     for (int64_t kb = blocks.first; kb <= blocks.last; ++kb) {
       const int64_t j0 = kb * kBlockK, nk = std::min(kBlockK, s.Tk - j0);
-      w.tiles.load_k(args, s, plan, b, h / s.rep, j0, nk, w.key.keys);
-      w.tiles.load_v(args, s, plan, b, h / s.rep, j0, nk, w.key.keys);
-      w.tiles.scores(s, plan, w.key.keys, w.S.data());
-      w.tiles.score_grads(s, plan, w.key.keys, w.dP.data());
-      w.tiles.probabilities_and_ds(s, plan, q0, j0, nk, w.S.data(), w.dP.data(), w.T.data(),
-                                   w.m.data(), w.inv_l.data(), w.D.data());
-      w.tiles.add_dq(plan, w.key.keys, w.dP.data(), w.acc.data());
+      w.tiles.load_k(args, s, plan, b, h / s.rep, j0, nk, k);
+      w.tiles.load_v(args, s, plan, b, h / s.rep, j0, nk, k);
+      w.tiles.scores(s, plan, k, w.S.data());
+      probabilities_and_ds(s, plan, q0, kb, w.S.data(), k, w);
+      w.tiles.add_dq(plan, k, w.dP.data(), w.acc.data());
     }
     w.tiles.store(args.dq, b, h, q0, nq, s.d, w.acc.data(), plan.dp);
   });
